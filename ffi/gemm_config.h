@@ -1,0 +1,65 @@
+// Typed view of gemm_config.inc plus the derived quantities every layer uses.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace tcgemm {
+
+struct GemmConfig {
+  int bm, bn, bk;      // threadblock tile
+  int stages;          // cp.async pipeline depth
+  int warps_m, warps_n;
+};
+
+inline constexpr GemmConfig kConfigs[] = {
+#define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN) GemmConfig{BM, BN, BK, S, WM, WN},
+#include "gemm_config.inc"
+#undef TCGEMM_CONFIG
+};
+inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
+
+inline std::string ConfigName(const GemmConfig& c) {
+  return "sm80_" + std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" + std::to_string(c.bk) +
+         "_s" + std::to_string(c.stages) + "_w" + std::to_string(c.warps_m) + "x" +
+         std::to_string(c.warps_n);
+}
+
+// Index of the config called `name`, or -1.
+inline int FindConfig(std::string_view name) {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (ConfigName(kConfigs[i]) == name) return i;
+  return -1;
+}
+
+// Compile-time traits of config CFG: derived sizes, checked by static_assert.
+template <int CFG>
+struct ConfigTraits {
+  static constexpr GemmConfig c = kConfigs[CFG];
+  static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
+  static constexpr int kWarpsM = c.warps_m, kWarpsN = c.warps_n;
+  static constexpr int kWarps = kWarpsM * kWarpsN;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWM = kBM / kWarpsM;  // warp tile rows
+  static constexpr int kWN = kBN / kWarpsN;  // warp tile cols
+  static constexpr int kMI = kWM / 16;       // m16 mma tiles per warp
+  static constexpr int kNI = kWN / 8;        // n8 mma tiles per warp
+  static constexpr int kKSteps = kBK / 16;   // k16 mma steps per stage
+  static constexpr int kElem = 2;            // bytes per input element (f16/bf16)
+  static constexpr int kStageBytes = (kBM * kBK + kBK * kBN) * kElem;
+  static constexpr int kPipeBytes = kStages * kStageBytes;
+  // Epilogue: each warp stages 16 rows of its tile as float32 (the widest output) + 16 B pad.
+  static constexpr int kEpiRowBytes = kWN * 4 + 16;
+  static constexpr int kEpiBytes = kWarps * 16 * kEpiRowBytes;
+  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+
+  static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
+  static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
+  static_assert(kBK % 32 == 0, "BK must be a multiple of 32 (4 swizzled 16-byte chunks per row)");
+  static_assert(kBM % 64 == 0 && kBN % 64 == 0, "M/N-contiguous tiles need 128-byte rows");
+  static_assert(kStages >= 2, "a pipeline needs at least two stages");
+  static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,
+                "every thread copies the same number of 16-byte chunks per stage");
+  static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
+};
+
+}  // namespace tcgemm

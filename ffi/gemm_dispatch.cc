@@ -1,0 +1,71 @@
+// Launch of one GEMM: picks the kernel variant for the layout and alignment, raises its
+// shared-memory limit once per device, and launches it on the caller's stream.
+#include "gemm_dispatch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "gemm_config.h"
+
+namespace tcgemm {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// One bit per device: cudaFuncAttributeMaxDynamicSharedMemorySize already set for the kernel.
+std::atomic<uint64_t> g_smem_configured[2][kNumConfigs][kVariants];
+
+std::string CudaError(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
+  GemmParams p = pr.params;
+  const GemmConfig& cfg = kConfigs[pr.config];
+  const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b;
+  // 16-byte cp.async needs every row (and batch item) of both operands to start on 16 bytes:
+  // the contiguous extent of each operand a multiple of 8 elements.
+  const int64_t a_contig = a_kmajor ? p.k : p.m, b_contig = b_kmajor ? p.k : p.n;
+  const bool aligned = a_contig % 8 == 0 && b_contig % 8 == 0 && Aligned(p.a) && Aligned(p.b);
+  const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
+  const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(pr.config, variant)
+                                                   : KernelBF16(pr.config, variant);
+
+  const int64_t tiles_m = (p.m + cfg.bm - 1) / cfg.bm, tiles_n = (p.n + cfg.bn - 1) / cfg.bn;
+  if (tiles_m * tiles_n > INT32_MAX) return "problem too large: more than 2^31 output tiles";
+  p.tiles_m = static_cast<int>(tiles_m);
+  p.tiles_n = static_cast<int>(tiles_n);
+
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
+  if (device < kMaxDevices) {
+    auto& mask = g_smem_configured[int(pr.in_type)][pr.config][variant];
+    const uint64_t bit = uint64_t(1) << device;
+    if (!(mask.load(std::memory_order_acquire) & bit)) {
+      cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           k.smem_bytes);
+      if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
+      mask.fetch_or(bit, std::memory_order_release);
+    }
+  } else {
+    cudaError_t e =
+        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
+    if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
+  }
+
+  const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1,
+                  static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));
+  void* args[] = {&p};
+  cudaError_t e = cudaLaunchKernel(k.fn, grid, dim3(k.threads), args, k.smem_bytes, stream);
+  if (e != cudaSuccess) return CudaError("cudaLaunchKernel", e);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return CudaError("kernel launch", e);
+  return {};
+}
+
+}  // namespace tcgemm

@@ -1,0 +1,296 @@
+// The mma.sync GEMM kernel template (sm_80+):  C[z] = A[z] · B[z]  for z < batch.
+//
+// One loop per layer:
+//   kernel       : batch loop (grid z) and threadblock rasterization (grid x)
+//   threadblock  : cp.async multi-stage global->shared pipeline over K (TileLoader)
+//   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments)
+//   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
+//   epilogue     : per-warp float32 staging in shared memory, coalesced row stores (store_tile)
+//
+// Operands are "K-major" (K contiguous: A untransposed, B transposed) or "MN-major" (M or N
+// contiguous: A transposed, B untransposed). Shared tiles keep the global orientation, so no
+// operand is ever transposed in memory: K-major tiles are read with ldmatrix, MN-major tiles
+// with ldmatrix.trans. Rows of a tile are made of 16-byte chunks whose index is XOR-swizzled
+// with the row (swizzle_chunk), so the 8 row addresses of every ldmatrix phase and the 8
+// chunks of every cp.async phase hit 8 distinct 16-byte bank groups.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gemm_config.h"
+#include "gemm_params.h"
+#include "ptx/cp_async.cuh"
+#include "ptx/ldmatrix.cuh"
+#include "ptx/mma.cuh"
+
+namespace tcgemm {
+
+// Physical chunk index of logical chunk `ch` in `row` of a tile with CPR 16-byte chunks per row.
+template <int CPR>
+__device__ __forceinline__ int swizzle_chunk(int row, int ch) {
+  static_assert(CPR == 4 || CPR % 8 == 0, "rows of 64 or k*128 bytes");
+  if constexpr (CPR == 4) {
+    return row * 4 + (ch ^ ((row >> 1) & 3));  // two rows share a 128-byte line
+  } else {
+    return row * CPR + (ch ^ (row & 7));
+  }
+}
+
+// Copies one ROWS x COLS tile (COLS contiguous) of a row-major matrix with `rows` x `cols`
+// elements and leading dimension `ld` into a swizzled shared tile; out-of-range elements are
+// zero. ALIGNED: cols and ld are multiples of 8 and the base is 16-byte aligned, so every chunk is
+// one cp.async of 16 bytes (zero-filled past the edge); otherwise elements are loaded one by one.
+template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED>
+struct TileLoader {
+  static constexpr int kCPR = COLS / 8;
+  static constexpr int kChunks = ROWS * kCPR;
+  static constexpr int kIters = kChunks / THREADS;
+  static_assert(kChunks % THREADS == 0, "chunks must divide evenly among threads");
+
+  __device__ __forceinline__ static void load(uint32_t smem_tile, const T* __restrict__ g,
+                                              int64_t rows, int64_t cols, int64_t ld, int64_t r0,
+                                              int64_t c0, int tid) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int id = tid + i * THREADS;
+      const int r = id / kCPR, ch = id % kCPR;
+      const int64_t gr = r0 + r, gc = c0 + ch * 8;
+      const uint32_t dst = smem_tile + swizzle_chunk<kCPR>(r, ch) * 16;
+      if constexpr (ALIGNED) {
+        const bool ok = gr < rows && gc < cols;
+        const T* src = ok ? g + gr * ld + gc : g;
+        ptx::cp_async_cg_16_zfill(dst, src, ok ? 16u : 0u);
+      } else {
+        alignas(16) T v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const bool ok = gr < rows && gc + e < cols;
+          v[e] = ok ? g[gr * ld + gc + e] : T(0.0f);
+        }
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
+                     "r"(reinterpret_cast<uint32_t*>(v)[0]), "r"(reinterpret_cast<uint32_t*>(v)[1]),
+                     "r"(reinterpret_cast<uint32_t*>(v)[2]), "r"(reinterpret_cast<uint32_t*>(v)[3])
+                     : "memory");
+      }
+    }
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    ptx::mma_m16n8k16_f32_f16_f16_f32(d, a, b);
+  } else {
+    ptx::mma_m16n8k16_f32_bf16_bf16_f32(d, a, b);
+  }
+}
+
+// A warp's fragments for one k16 step: MI A fragments (16x16) and NI B fragments (16x8).
+template <int CFG, bool A_KMAJOR, bool B_KMAJOR>
+struct WarpFragments {
+  using Tr = ConfigTraits<CFG>;
+  uint32_t a[Tr::kMI][4];
+  uint32_t b[Tr::kNI][2];
+
+  // a_tile/b_tile: shared addresses of this stage's A and B tiles; wm0/wn0: warp tile origin.
+  __device__ __forceinline__ void load(uint32_t a_tile, uint32_t b_tile, int kk, int wm0, int wn0,
+                                       int lane) {
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMI; ++mi) {
+      if constexpr (A_KMAJOR) {  // tile [BM][BK]: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
+        const int row = wm0 + mi * 16 + (lane & 15);
+        const int ch = kk * 2 + (lane >> 4);
+        ptx::ldmatrix_x4(a[mi], a_tile + swizzle_chunk<Tr::kBK / 8>(row, ch) * 16);
+      } else {  // tile [BK][BM], transposed on load
+        const int row = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int ch = (wm0 + mi * 16) / 8 + ((lane >> 3) & 1);
+        ptx::ldmatrix_x4_trans(a[mi], a_tile + swizzle_chunk<Tr::kBM / 8>(row, ch) * 16);
+      }
+    }
+#pragma unroll
+    for (int nj = 0; nj < Tr::kNI / 2; ++nj) {
+      uint32_t r[4];
+      if constexpr (B_KMAJOR) {  // tile [BN][BK]: (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
+        const int row = wn0 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int ch = kk * 2 + ((lane >> 3) & 1);
+        ptx::ldmatrix_x4(r, b_tile + swizzle_chunk<Tr::kBK / 8>(row, ch) * 16);
+      } else {  // tile [BK][BN], transposed on load
+        const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+        const int ch = (wn0 + nj * 16) / 8 + (lane >> 4);
+        ptx::ldmatrix_x4_trans(r, b_tile + swizzle_chunk<Tr::kBN / 8>(row, ch) * 16);
+      }
+      b[2 * nj][0] = r[0];
+      b[2 * nj][1] = r[1];
+      b[2 * nj + 1][0] = r[2];
+      b[2 * nj + 1][1] = r[3];
+    }
+  }
+};
+
+template <typename Out>
+__device__ __forceinline__ Out convert(float x) {
+  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return x;
+}
+
+// Copies 16 staged float32 rows of a warp tile to C (row-major, ldc = N) as Out, four elements
+// (one 16-byte shared read, one 8- or 16-byte global store) per lane and step, predicated on M, N.
+template <int WN, int ROW_BYTES, typename Out>
+__device__ __forceinline__ void copy_rows(const GemmParams& p, Out* __restrict__ c,
+                                          const char* stage, int64_t row0, int64_t col0, int lane) {
+  constexpr int kQuads = WN / 4;  // 4-float groups per row
+  const bool vec_ok = p.n % 4 == 0;
+#pragma unroll
+  for (int idx = lane; idx < 16 * kQuads; idx += 32) {
+    const int r = idx / kQuads, qd = idx % kQuads;
+    const int64_t gr = row0 + r, gc = col0 + qd * 4;
+    if (gr >= p.m || gc >= p.n) continue;
+    const float4 v = *reinterpret_cast<const float4*>(stage + r * ROW_BYTES + qd * 16);
+    Out* dst = c + gr * p.n + gc;
+    if (vec_ok) {
+      if constexpr (std::is_same_v<Out, float>) {
+        *reinterpret_cast<float4*>(dst) = v;
+      } else {
+        struct alignas(8) Out4 { Out x[4]; } o{{convert<Out>(v.x), convert<Out>(v.y),
+                                                convert<Out>(v.z), convert<Out>(v.w)}};
+        *reinterpret_cast<Out4*>(dst) = o;
+      }
+    } else {
+      const float e[4] = {v.x, v.y, v.z, v.w};
+      for (int j = 0; j < 4 && gc + j < p.n; ++j) dst[j] = convert<Out>(e[j]);
+    }
+  }
+}
+
+// Epilogue: the warp stages its accumulators 16 rows at a time as float32 in its private
+// shared area, then copies them out row by row (coalesced), converting to the output type.
+template <int CFG>
+__device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
+                                           float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
+                                           char* stage, int64_t row0, int64_t col0, int lane) {
+  using Tr = ConfigTraits<CFG>;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < Tr::kNI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(stage + (g + 8 * h) * Tr::kEpiRowBytes + (ni * 8 + 2 * q) * 4) =
+            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    __syncwarp();
+    const int64_t r0 = row0 + mi * 16;
+    switch (p.out_type) {
+      case OutType::kF16:
+        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<__half*>(p.c) + c_off, stage, r0, col0, lane);
+        break;
+      case OutType::kBF16:
+        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<__nv_bfloat16*>(p.c) + c_off, stage, r0, col0, lane);
+        break;
+      case OutType::kF32:
+        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<float*>(p.c) + c_off, stage, r0, col0, lane);
+        break;
+    }
+    __syncwarp();
+  }
+}
+
+template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
+__global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
+  using Tr = ConfigTraits<CFG>;
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm0 = (warp % Tr::kWarpsM) * Tr::kWM;
+  const int wn0 = (warp / Tr::kWarpsM) * Tr::kWN;
+
+  // Threadblock rasterization: column-major within groups of kGroupM tile rows, so that
+  // consecutive blocks share A row-panels and B column-panels in L2.
+  constexpr int kGroupM = 8;
+  const int pid = blockIdx.x;
+  const int group_size = kGroupM * p.tiles_n;
+  const int first_m = (pid / group_size) * kGroupM;
+  const int group_m = min(p.tiles_m - first_m, kGroupM);
+  const int64_t m0 = int64_t(first_m + (pid % group_size) % group_m) * Tr::kBM;
+  const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
+
+  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N].
+  const int64_t a_rows = A_KMAJOR ? p.m : p.k, a_cols = A_KMAJOR ? p.k : p.m;
+  const int64_t b_rows = B_KMAJOR ? p.n : p.k, b_cols = B_KMAJOR ? p.k : p.n;
+  using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
+                           Tr::kThreads, ALIGNED>;
+  using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
+                           Tr::kThreads, ALIGNED>;
+  const uint32_t smem_base = ptx::cvta_to_shared(smem);
+  auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
+  auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
+  const int ktiles = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+
+  for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
+    const T* a = static_cast<const T*>(p.a) + z * p.stride_a;
+    const T* b = static_cast<const T*>(p.b) + z * p.stride_b;
+    auto load_stage = [&](int s, int kt) {
+      const int64_t k0 = int64_t(kt) * Tr::kBK;
+      LoadA::load(a_tile(s), a, a_rows, a_cols, a_cols, A_KMAJOR ? m0 : k0, A_KMAJOR ? k0 : m0, tid);
+      LoadB::load(b_tile(s), b, b_rows, b_cols, b_cols, B_KMAJOR ? n0 : k0, B_KMAJOR ? k0 : n0, tid);
+    };
+
+    float acc[Tr::kMI][Tr::kNI][4];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < Tr::kNI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    // Prologue: stages 0..S-2 in flight, one commit group each (empty past the last k tile).
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s) {
+      if (s < ktiles) load_stage(s, s);
+      ptx::cp_async_commit_group();
+    }
+    ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile 0 has landed
+    __syncthreads();
+
+    // Main loop. Stage kt%S is consumed while tile kt+S-1 streams into stage (kt-1)%S, whose
+    // last reader finished before the barrier at the end of iteration kt-1. Fragments are
+    // double-buffered: step kk+1 (after the last step's barrier: the next stage's first step)
+    // is read from shared memory while step kk's mma run.
+    WarpFragments<CFG, A_KMAJOR, B_KMAJOR> frag[2];
+    frag[0].load(a_tile(0), b_tile(0), 0, wm0, wn0, lane);
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int s = kt % Tr::kStages;
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        if (kk == Tr::kKSteps - 1) {
+          ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile kt+1 has landed
+          __syncthreads();
+        }
+        const int s_next = kk == Tr::kKSteps - 1 ? (kt + 1) % Tr::kStages : s;
+        frag[(kk + 1) & 1].load(a_tile(s_next), b_tile(s_next), (kk + 1) % Tr::kKSteps, wm0, wn0,
+                                lane);
+        if (kk == 0) {
+          const int kt_load = kt + Tr::kStages - 1;
+          if (kt_load < ktiles) load_stage(kt_load % Tr::kStages, kt_load);
+          ptx::cp_async_commit_group();
+        }
+        const auto& f = frag[kk & 1];
+#pragma unroll
+        for (int mi = 0; mi < Tr::kMI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < Tr::kNI; ++ni) mma_f32<T>(acc[mi][ni], f.a[mi], f.b[ni]);
+      }
+    }
+    ptx::cp_async_wait_group<0>();
+    __syncthreads();  // the pipeline buffers become the epilogue's staging area
+
+    char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
+    store_tile<CFG>(p, z * p.m * p.n, acc, stage, m0 + wm0, n0 + wn0, lane);
+    __syncthreads();  // staging area is the next batch item's pipeline
+  }
+}
+
+}  // namespace tcgemm

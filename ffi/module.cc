@@ -1,0 +1,26 @@
+// The Python extension jax_tcgemm._tcgemm: FFI handler capsules and the config table.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "gemm_config.h"
+#include "gemm_ffi.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_tcgemm, m) {
+  m.doc() = "jax_tcgemm CUDA kernels (XLA FFI handlers)";
+  m.def("registrations", []() {
+    nb::dict d;
+    d["tcgemm"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmHandler));
+    return d;
+  }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
+  m.def("config_names", []() {
+    std::vector<std::string> names;
+    for (const auto& c : tcgemm::kConfigs) names.push_back(tcgemm::ConfigName(c));
+    return names;
+  }, "Names of the compiled kernel configs, in table order.");
+}

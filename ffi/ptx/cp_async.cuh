@@ -1,0 +1,34 @@
+// cp.async: asynchronous global -> shared copies (sm_80+).
+// PTX ISA 8.x, section 9.7.9.25 "Data Movement and Conversion Instructions: cp.async",
+// 9.7.9.25.3.2 cp.async.commit_group, 9.7.9.25.3.3 cp.async.wait_group.
+#pragma once
+#include <cstdint>
+
+namespace tcgemm::ptx {
+
+// 16-byte copy, L1-bypassing (.cg), zero-filling the bytes past `src_bytes`
+// (src_bytes = 0 writes 16 zero bytes and reads nothing).
+__device__ __forceinline__ void cp_async_cg_16_zfill(uint32_t smem_addr, const void* gmem,
+                                                     uint32_t src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's committed groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+}  // namespace tcgemm::ptx

@@ -1,0 +1,36 @@
+// mma.sync m16n8k16 with float32 accumulation (sm_80+).
+// PTX ISA 8.x, section 9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma",
+// fragment layouts in 9.7.14.5.8 (".m16n8k16" for .f16/.bf16).
+// Per lane (g = lane/4, q = lane%4):
+//   a[0..3]: A rows {g, g+8} x cols {2q, 2q+1} (+8 for a[2], a[3]), two b16 per register
+//   b[0..1]: B rows (k) {2q, 2q+1} (+8 for b[1]) x col (n) g
+//   c/d[0..3]: rows {g, g+8} x cols {2q, 2q+1}
+#pragma once
+#include <cstdint>
+
+namespace tcgemm::ptx {
+
+__device__ __forceinline__ void mma_m16n8k16_f32_f16_f16_f32(float (&d)[4], const uint32_t (&a)[4],
+                                                             const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+__device__ __forceinline__ void mma_m16n8k16_f32_bf16_bf16_f32(float (&d)[4],
+                                                               const uint32_t (&a)[4],
+                                                               const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+}  // namespace tcgemm::ptx

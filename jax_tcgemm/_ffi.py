@@ -1,0 +1,42 @@
+"""The only importer of the compiled extension `_tcgemm`; registers its FFI targets.
+
+If the extension is missing or fails to load, CPU use still works (the primitive lowers
+through lax.dot_general there) and GPU lowering raises `require()`'s error.
+"""
+from __future__ import annotations
+
+import jax
+
+TARGET = "tcgemm"  # FFI target name (C++: TcgemmHandler in ffi/gemm_ffi.cc)
+
+try:
+    from . import _tcgemm  # noqa: F401
+    _LOAD_ERROR: Exception | None = None
+except ImportError as e:  # not built, or built for another Python/CUDA
+    _tcgemm = None
+    _LOAD_ERROR = e
+
+
+def available() -> bool:
+    return _tcgemm is not None
+
+
+def require() -> None:
+    """Raises a RuntimeError saying why the CUDA kernels cannot be used and how to rebuild."""
+    if _tcgemm is None:
+        raise RuntimeError(
+            "jax_tcgemm: the CUDA extension jax_tcgemm._tcgemm could not be loaded "
+            f"({type(_LOAD_ERROR).__name__}: {_LOAD_ERROR}). GPU execution needs it; rebuild "
+            "with `pip install --force-reinstall --no-deps .` from the source tree (CUDA 13 "
+            "toolkit or the nvidia-cuda-nvcc wheel), or run on CPU, where jax_tcgemm falls "
+            "back to lax.dot_general.")
+
+
+def config_names() -> list[str] | None:
+    """Config names compiled into the extension (None if it is not loaded)."""
+    return None if _tcgemm is None else list(_tcgemm.config_names())
+
+
+if _tcgemm is not None:
+    for _name, _capsule in _tcgemm.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")

@@ -1,0 +1,183 @@
+"""Public entry points: argument checks and normalisation onto tcgemm_p.
+
+Supported by the kernels: both operands float16 or both bfloat16; output float16, bfloat16 or
+float32; accumulation always float32. Other dtypes (float32, float64, integers, complex, mixed
+float16 x bfloat16, which promotes to float32) are computed by jnp.matmul / lax.dot_general,
+documented in the README; supported dtypes never fall back.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .primitives import IN_DTYPES, OUT_DTYPES, tcgemm
+
+
+def _as_array(x, name):
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
+        return jnp.asarray(x)
+    if isinstance(x, (bool, int, float, complex, list, tuple)):
+        return jnp.asarray(x)
+    raise TypeError(f"jax_tcgemm: {name} must be an array, got {type(x).__name__}")
+
+
+def _kernel_dtype(a, b) -> bool:
+    return a.dtype == b.dtype and np.dtype(a.dtype) in IN_DTYPES
+
+
+def _check_out_dtype(out_dtype, what):
+    dt = np.dtype(out_dtype)
+    if dt not in OUT_DTYPES:
+        raise TypeError(f"jax_tcgemm: {what} must be float16, bfloat16 or float32 for "
+                        f"float16/bfloat16 operands; got {dt}")
+    return dt
+
+
+def matmul(a, b, *, out_dtype=None):
+    """`jnp.matmul(a, b)` on the tensor cores: (..., M, K) @ (..., K, N), batch dims broadcast.
+
+    out_dtype: float16, bfloat16 or float32 (default: the operands' dtype).
+    """
+    a, b = _as_array(a, "a"), _as_array(b, "b")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"jax_tcgemm.matmul: operands must have rank >= 1; got shapes "
+                         f"{a.shape} and {b.shape}")
+    if not _kernel_dtype(a, b):
+        out = jnp.matmul(a, b)
+        return out if out_dtype is None else out.astype(out_dtype)
+    out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"jax_tcgemm.matmul: contracting dimensions differ: a{a.shape} "
+                         f"{a.dtype} @ b{b.shape} {b.dtype} (K = {a2.shape[-1]} vs "
+                         f"{b2.shape[-2]})")
+    try:
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"jax_tcgemm.matmul: batch dimensions do not broadcast: a{a.shape} @ "
+                         f"b{b.shape}") from None
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    if math.prod(b2.shape[:-2]) == 1:
+        # B is shared: fold all of A's leading dims into M (one larger GEMM).
+        out = tcgemm(a2.reshape(1, -1, k), b2.reshape(1, k, n), out_dtype=out_dtype)
+        out = out.reshape(batch + (m, n))
+    else:
+        def to3(x, rows, cols):  # batch-1 operands stay shared (stride 0); others broadcast
+            if math.prod(x.shape[:-2]) == 1:
+                return x.reshape(1, rows, cols)
+            if x.shape[:-2] != batch:  # partial broadcast: no single stride; materialised
+                x = jnp.broadcast_to(x, batch + x.shape[-2:])
+            return x.reshape(-1, rows, cols)
+        out = tcgemm(to3(a2, m, k), to3(b2, k, n), out_dtype=out_dtype).reshape(batch + (m, n))
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+def _normalize_dims(dims, ndim, what, shape):
+    try:
+        out = tuple(int(d) for d in dims)
+    except TypeError:
+        raise TypeError(f"jax_tcgemm.dot_general: {what} must be a sequence of ints, got "
+                        f"{dims!r}") from None
+    for d in out:
+        if not -ndim <= d < ndim:
+            raise ValueError(f"jax_tcgemm.dot_general: {what} {dims} out of range for an operand "
+                             f"of shape {shape}")
+    out = tuple(d % ndim for d in out)
+    if len(set(out)) != len(out):
+        raise ValueError(f"jax_tcgemm.dot_general: repeated dimension in {what} {dims}")
+    return out
+
+
+def _plan(lhs_shape, rhs_shape, lc, rc, lb, rb):
+    """How to view the operands as (B, M, K)/(B, K, M) and (B, K, N)/(B, N, K): returns
+    (lhs permutation, transpose_a, rhs permutation, transpose_b) with identity permutations
+    where a layout flag suffices (no copy). Contracting dims are paired in lhs or rhs order,
+    whichever needs fewer transposes."""
+    lf = [d for d in range(len(lhs_shape)) if d not in lc and d not in lb]
+    rf = [d for d in range(len(rhs_shape)) if d not in rc and d not in rb]
+    best = None
+    for order in (sorted(range(len(lc)), key=lambda i: lc[i]),
+                  sorted(range(len(rc)), key=lambda i: rc[i])):
+        lco, rco = [lc[i] for i in order], [rc[i] for i in order]
+        l_n, l_t = list(lb) + lf + lco, list(lb) + lco + lf
+        r_n, r_t = list(rb) + rco + rf, list(rb) + rf + rco
+        l_id, r_id = list(range(len(lhs_shape))), list(range(len(rhs_shape)))
+        lhs = (None, False) if l_n == l_id else (None, True) if l_t == l_id else (l_n, False)
+        rhs = (None, False) if r_n == r_id else (None, True) if r_t == r_id else (r_n, False)
+        cost = (lhs[0] is not None) + (rhs[0] is not None)
+        if best is None or cost < best[0]:
+            best = (cost, lhs + rhs, lf, rf)
+    return best[1], best[2], best[3]
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                out_sharding=None):
+    """Drop-in for `lax.dot_general` on the tensor cores (same signature and result).
+
+    Any dimension numbers map onto one batched GEMM: free and contracting dims are collapsed by
+    reshapes, and operands whose dims are already ordered (batch, free, contracting) or (batch,
+    contracting, free) need no copy (layout flags); other orders cost one transpose of that
+    operand. `precision` is accepted and has no effect: float16/bfloat16 products are exact in
+    the float32 accumulator. `preferred_element_type` picks the output dtype.
+    """
+    lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+    except (TypeError, ValueError):
+        raise TypeError("jax_tcgemm.dot_general: dimension_numbers must be "
+                        f"((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)); got "
+                        f"{dimension_numbers!r}") from None
+    if not _kernel_dtype(lhs, rhs):
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type,
+                               out_sharding=out_sharding)
+    lc = _normalize_dims(lc, lhs.ndim, "lhs contracting dims", lhs.shape)
+    rc = _normalize_dims(rc, rhs.ndim, "rhs contracting dims", rhs.shape)
+    lb = _normalize_dims(lb, lhs.ndim, "lhs batch dims", lhs.shape)
+    rb = _normalize_dims(rb, rhs.ndim, "rhs batch dims", rhs.shape)
+    desc = f"lhs{lhs.shape} {lhs.dtype}, rhs{rhs.shape} {rhs.dtype}, dims {dimension_numbers}"
+    if len(lc) != len(rc) or len(lb) != len(rb):
+        raise ValueError(f"jax_tcgemm.dot_general: lhs and rhs need as many contracting and "
+                         f"batch dims: {desc}")
+    if set(lc) & set(lb) or set(rc) & set(rb):
+        raise ValueError(f"jax_tcgemm.dot_general: a dim is both batch and contracting: {desc}")
+    if any(lhs.shape[i] != rhs.shape[j] for i, j in zip(lc, rc)):
+        raise ValueError(f"jax_tcgemm.dot_general: contracting sizes differ: {desc}")
+    if any(lhs.shape[i] != rhs.shape[j] for i, j in zip(lb, rb)):
+        raise ValueError(f"jax_tcgemm.dot_general: batch sizes differ: {desc}")
+    out_dtype = _check_out_dtype(
+        lhs.dtype if preferred_element_type is None else preferred_element_type,
+        "preferred_element_type")
+
+    (lperm, ta, rperm, tb), lf, rf = _plan(lhs.shape, rhs.shape, lc, rc, lb, rb)
+    if lperm is not None:
+        lhs = jnp.transpose(lhs, lperm)
+    if rperm is not None:
+        rhs = jnp.transpose(rhs, rperm)
+    size = lambda x, ds: math.prod(x.shape[d] for d in ds)  # noqa: E731
+    bsz = math.prod(lhs.shape[:len(lb)]) if lperm is None else size(lhs, range(len(lb)))
+    # After any transpose the operand dims are (batch, free, contracting) or (batch, contr., free).
+    nb = len(lb)
+    m = math.prod(lhs.shape[nb:nb + len(lf)] if not ta else lhs.shape[nb + len(lc):])
+    k = math.prod(lhs.shape[nb + len(lf):] if not ta else lhs.shape[nb:nb + len(lc)])
+    n = math.prod(rhs.shape[nb + len(rc):] if not tb else rhs.shape[nb:nb + len(rf)])
+    a3 = lhs.reshape((bsz, k, m) if ta else (bsz, m, k))
+    b3 = rhs.reshape((bsz, n, k) if tb else (bsz, k, n))
+    out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype)
+    out_shape = (tuple(lhs.shape[:nb])
+                 + tuple(lhs.shape[nb:nb + len(lf)] if not ta else lhs.shape[nb + len(lc):])
+                 + tuple(rhs.shape[nb + len(rc):] if not tb else rhs.shape[nb:nb + len(rf)]))
+    out = out.reshape(out_shape)
+    if out_sharding is not None:
+        out = jax.sharding.reshard(out, out_sharding)
+    return out

@@ -1,0 +1,146 @@
+// Low-level check of the GEMM kernels without JAX: every config x layout x dtype x output type
+// on aligned and unaligned shapes against a float64 host reference, then the time of large
+// square products. Build and run (on the GPU machine):
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
+//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu -o /tmp/selftest && /tmp/selftest
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "gemm_config.h"
+#include "gemm_dispatch.h"
+
+using namespace tcgemm;
+
+#define CK(x)                                                                      \
+  do {                                                                             \
+    cudaError_t e = (x);                                                           \
+    if (e != cudaSuccess) {                                                        \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+static float to_f(uint16_t bits, InType t) {
+  if (t == InType::kF16) { __half h; std::memcpy(&h, &bits, 2); return __half2float(h); }
+  __nv_bfloat16 h; std::memcpy(&h, &bits, 2); return __bfloat162float(h);
+}
+static uint16_t from_f(float x, InType t) {
+  uint16_t bits;
+  if (t == InType::kF16) { __half h = __float2half_rn(x); std::memcpy(&bits, &h, 2); }
+  else { __nv_bfloat16 h = __float2bfloat16_rn(x); std::memcpy(&bits, &h, 2); }
+  return bits;
+}
+
+// Returns relative Frobenius error of the kernel against a float64 reference.
+static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t batch, int64_t m,
+                    int64_t n, int64_t k, bool share_b, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t bb = share_b ? 1 : batch;
+  std::vector<uint16_t> a(batch * m * k), b(bb * k * n);
+  for (auto& x : a) x = from_f(nd(rng), it);
+  for (auto& x : b) x = from_f(nd(rng), it);
+  const int osz = ot == OutType::kF32 ? 4 : 2;
+  void *da, *db, *dc;
+  CK(cudaMalloc(&da, a.size() * 2 + 16));
+  CK(cudaMalloc(&db, b.size() * 2 + 16));
+  CK(cudaMalloc(&dc, batch * m * n * osz + 16));
+  CK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dc, 0xFF, batch * m * n * osz));  // poison: NaN in every output type
+  GemmProblem pr{};
+  pr.params = {da, db, dc, m, n, k, batch, m * k, share_b ? 0 : k * n, ot, 0, 0};
+  pr.in_type = it; pr.transpose_a = ta; pr.transpose_b = tb; pr.config = cfg;
+  std::string err = LaunchGemm(pr, 0);
+  if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
+  CK(cudaDeviceSynchronize());
+  std::vector<uint8_t> c(batch * m * n * osz);
+  CK(cudaMemcpy(c.data(), dc, c.size(), cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t z = 0; z < batch; ++z)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          const uint16_t av = ta ? a[z * m * k + l * m + i] : a[z * m * k + i * k + l];
+          const int64_t zb = share_b ? 0 : z;
+          const uint16_t bv = tb ? b[zb * k * n + j * k + l] : b[zb * k * n + l * n + j];
+          ref += double(to_f(av, it)) * double(to_f(bv, it));
+        }
+        const int64_t idx = (z * m + i) * n + j;
+        double got;
+        if (ot == OutType::kF32) { float f; std::memcpy(&f, &c[idx * 4], 4); got = f; }
+        else { uint16_t h; std::memcpy(&h, &c[idx * 2], 2);
+               got = to_f(h, ot == OutType::kF16 ? InType::kF16 : InType::kBF16); }
+        if (!std::isfinite(got)) return INFINITY;
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+      }
+  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc));
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+static double time_square(int cfg, InType it, int64_t s, int reps) {
+  void *da, *db, *dc;
+  CK(cudaMalloc(&da, s * s * 2)); CK(cudaMalloc(&db, s * s * 2)); CK(cudaMalloc(&dc, s * s * 2));
+  std::vector<uint16_t> h(s * s);
+  std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : h) x = from_f(nd(rng), it);
+  CK(cudaMemcpy(da, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  GemmProblem pr{};
+  pr.params = {da, db, dc, s, s, s, 1, 0, 0, it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
+  pr.in_type = it; pr.config = cfg;
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    cudaEventRecord(e0);
+    LaunchGemm(pr, 0);
+    cudaEventRecord(e1);
+    CK(cudaEventSynchronize(e1));
+    float t; cudaEventElapsedTime(&t, e0, e1);
+    if (r >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc));
+  return 2.0 * s * s * s / (ms[ms.size() / 2] * 1e-3) / 1e12;
+}
+
+int main() {
+  std::mt19937 rng(1234);
+  int failures = 0, cases = 0;
+  const char* ln[] = {"NN", "NT", "TN", "TT"};
+  const int64_t shapes[][4] = {{1, 1, 1, 1}, {1, 17, 33, 65}, {1, 128, 256, 64}, {3, 127, 129, 255},
+                               {2, 256, 128, 96}, {1, 200, 72, 0}};
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+    for (int it = 0; it < 2; ++it)
+      for (int ot = 0; ot < 3; ++ot)
+        for (int l = 0; l < 4; ++l)
+          for (const auto& s : shapes) {
+            const bool share = s[0] > 1 && (l & 1);
+            double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2], s[3],
+                             share, rng);
+            const double bound = ot == 2 ? 1e-5 : ot == 0 ? 1e-3 : 5e-3;
+            ++cases;
+            if (!(e <= bound)) {
+              ++failures;
+              std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d err=%.3g\n",
+                          ConfigName(kConfigs[cfg]).c_str(), it, ot, ln[l], s[0], s[1], s[2],
+                          s[3], share, e);
+            }
+          }
+  std::printf("selftest: %d cases, %d failures\n", cases, failures);
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+    for (int64_t s : {4096, 8192})
+      std::printf("%s f16 %ld^3: %.1f TFLOP/s | bf16: %.1f TFLOP/s\n",
+                  ConfigName(kConfigs[cfg]).c_str(), s, time_square(cfg, InType::kF16, s, 7),
+                  time_square(cfg, InType::kBF16, s, 7));
+  return failures ? 1 : 0;
+}
