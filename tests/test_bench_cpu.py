@@ -1,0 +1,179 @@
+"""CPU tests of jax_tcgemm.bench: case tables (DESIGN §8), the R rule, the CLI, the no-GPU path
+and, with --force, the timing harness end to end on tiny shapes."""
+import importlib.util
+import itertools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_tcgemm import bench
+
+ON_GPU = jax.default_backend() == "gpu"
+ROW_FIELDS = {"name", "m", "n", "k", "batch", "dtype", "layout", "config",
+              "tcgemm_tflops", "jnp_tflops", "ratio", "rel_err"}
+
+
+def shapes(cs):
+    return [(c.m, c.n, c.k, c.batch) for c in cs]
+
+
+def test_llm_suite_is_llama2_projections():
+    one = bench.cases("llm", ("float16",))
+    assert len(one) == 4 * 5
+    want = {(m, n, k, 1) for m in (16, 128, 4096, 8192) for n, k in
+            [(11008, 4096), (4096, 11008), (28672, 8192), (8192, 28672), (4096, 4096)]}
+    assert set(shapes(one)) == want and len(set(c.name for c in one)) == 20
+    assert all(c.dtype == "float16" and c.layout == "NN" and not c.vmap for c in one)
+    both = bench.cases("llm", ("float16", "bfloat16"))
+    assert len(both) == 40
+    assert sorted(shapes(c for c in both if c.dtype == "bfloat16")) == sorted(shapes(one))
+
+
+def test_other_suites_match_design():
+    sq = bench.cases("square", ("float16",))
+    assert shapes(sq) == [(s, s, s, 1) for s in (1024, 2048, 4096, 8192, 16384)]
+    assert set(shapes(bench.cases("odd", ("bfloat16",)))) == {(4095, 4097, 4093, 1), (1000, 1000, 1000, 1)}
+    bt = bench.cases("batched", ("float16",))
+    assert set(shapes(bt)) == {(256, 256, 256, 64), (1024, 1024, 128, 32)}
+    assert all(c.vmap for c in bt)
+    f32 = bench.cases("f32", ("float16", "bfloat16"))
+    assert [(c.m, c.n, c.k, c.dtype) for c in f32] == [(4096, 4096, 4096, "float32")]
+    every = bench.cases("all", ("float16", "bfloat16"))
+    assert len(every) == 2 * (5 + 20 + 2 + 2) + 1
+    assert len({(c.name, c.dtype) for c in every}) == len(every)
+    with pytest.raises(ValueError, match="unknown suite"):
+        bench.cases("nope")
+
+
+def test_case_flops_and_bytes():
+    c = bench.Case("batched", "x", 1024, 1024, 128, 32, "bfloat16", True)
+    assert c.flops == 2 * 1024 * 1024 * 128 * 32
+    assert c.nbytes() == (32 * 1024 * 128 * 2, 32 * 128 * 1024 * 2, 32 * 1024 * 1024 * 2)
+
+
+@pytest.mark.parametrize("case", bench.cases("all"), ids=lambda c: f"{c.name}-{c.dtype}")
+def test_choose_reps_rule(case):
+    r = bench.choose_reps(case.flops)
+    assert 1 <= r <= 64
+    if 1 < r < 64:  # otherwise clamped: then the bound it hit must be why
+        assert abs(r * case.flops - 4e12) <= case.flops / 2
+    elif r == 64:
+        assert 64 * case.flops <= 4e12 * 1.01
+    else:
+        assert case.flops >= 4e12 / 1.5
+
+
+def test_choose_reps_values_and_memory_cap():
+    f = lambda s: 2 * s ** 3  # noqa: E731
+    assert bench.choose_reps(f(1024)) == 64
+    assert bench.choose_reps(f(4096)) == 29          # 29 * 137 GFLOP = 3.99 TFLOP
+    assert bench.choose_reps(f(8192)) == 4
+    assert bench.choose_reps(f(16384)) == 1
+    assert bench.choose_reps(10) == 64 and bench.choose_reps(10 ** 15) == 1
+    gib = 2 ** 30
+    # 25% of 8 GiB = 2 GiB: 0.5 GiB shared + 0.25 GiB per product -> 6 fit
+    assert bench.choose_reps(f(1024), gib // 4, gib // 2, 8 * gib) == 6
+    assert bench.choose_reps(f(1024), 4 * gib, 0, 8 * gib) == 1    # never below 1
+    assert bench.choose_reps(f(1024), gib, 0, None) == 64          # unknown memory: no cap
+
+
+def test_slug_and_geomean():
+    assert bench.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert bench.slug("NVIDIA H200") == "nvidia-h200"
+    assert math.isclose(bench.geomean([0.5, 2.0, 4.0]), 2 ** (1 / 3) * 2 ** (1 / 3), rel_tol=1e-12)
+    assert math.isnan(bench.geomean([]))
+
+
+def test_cli_selection():
+    p = bench._parser()
+    quick = bench.select_cases(p.parse_args(["--quick"]))
+    assert sorted((c.m, c.dtype) for c in quick) == [(4096, "bfloat16"), (4096, "float16"),
+                                                      (8192, "bfloat16"), (8192, "float16")]
+    sel = bench.select_cases(p.parse_args(["--suite", "llm", "--dtype", "bfloat16",
+                                           "--cases", "llm_l70b_*_m16,llm_l7b_qkvo_m128"]))
+    assert {c.name for c in sel} == {"llm_l70b_gateup_m16", "llm_l70b_down_m16", "llm_l7b_qkvo_m128"}
+    assert {c.dtype for c in sel} == {"bfloat16"}
+    custom = bench.select_cases(p.parse_args(["--shape", "3x40x24x16", "--dtype", "float16"]))
+    assert [(c.batch, c.m, c.n, c.k, c.vmap) for c in custom] == [(3, 40, 24, 16, True)]
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--reps", "5"])   # the median of >= 7 calls
+    assert e.value.code == 2
+    with pytest.raises(ValueError):
+        bench.parse_shape("12x34", ("float16",))
+
+
+def test_time_fn_counts_warmup_and_reps():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    t = bench.time_fn(fn, (jnp.ones(4),), reps=7, warmup=2)
+    assert t > 0 and len(calls) == 9
+    times = bench.time_fns({"a": fn, "b": fn}, (jnp.ones(4),), reps=7)
+    assert [len(v) for v in times.values()] == [7, 7] and len(calls) == 9 + 18
+
+
+@pytest.mark.skipif(ON_GPU, reason="the no-GPU path only runs without a GPU")
+def test_main_without_gpu_runs_demo_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "res" / "x.json"
+    png = tmp_path / "x.png"
+    assert bench.main(["--json", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "No GPU found" in text and "meaningless" in text
+    assert "(2, 33, 65)" in text and "(2, 33, 17)" in text and text.rstrip().endswith("OK")
+    assert not out.exists() and not png.exists()
+
+
+def test_force_runs_the_harness_end_to_end(tmp_path, capsys):
+    out = tmp_path / "res" / "bench.json"
+    png = tmp_path / "plot.png"
+    rc = bench.main(["--force", "--shape", "64x48x40", "--shape", "3x40x24x16", "--dtype", "both",
+                     "--reps", "7", "--json", str(out), "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rec = json.loads(out.read_text())
+    assert {"commit", "dirty", "device", "jax_version", "jaxlib_version", "date", "harness"} <= set(rec)
+    assert rec["jax_version"] == jax.__version__
+    rows = rec["rows"]
+    assert [(r["name"], r["dtype"]) for r in rows] == [
+        (n, d) for n, d in itertools.product(["custom_64x48x40", "custom_3x40x24x16"],
+                                             ["float16", "bfloat16"])]
+    for r in rows:
+        assert ROW_FIELDS <= set(r) and "error" not in r, r
+        assert r["layout"] == "NN" and r["r"] == 64 and r["reps"] == 7
+        assert r["tcgemm_tflops"] > 0 and r["jnp_tflops"] > 0 and r["ratio"] > 0
+        assert 0 < r["rel_err"] < {"float16": 1e-3, "bfloat16": 5e-3}[r["dtype"]]
+        assert r["err_ok"] and r["tg_path"] == "tcgemm"   # the primitive, not a bypass
+    assert "geomean ratio" in text and "custom_3x40x24x16" in text
+    assert png.exists() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_failing_row_is_recorded_and_run_continues(tmp_path, monkeypatch, capsys):
+    real = bench.run_case
+
+    def flaky(case, *a, **kw):
+        if case.m == 64:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nwhile allocating")
+        return real(case, *a, **kw)
+
+    monkeypatch.setattr(bench, "run_case", flaky)
+    out = tmp_path / "b.json"
+    rc = bench.main(["--force", "--shape", "64x48x40", "--shape", "32x16x24", "--dtype", "float16",
+                     "--json", str(out)])
+    assert rc == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["error"] == "RuntimeError: RESOURCE_EXHAUSTED: out of memory while allocating"
+    assert "error" not in rows[1] and rows[1]["ratio"] > 0
+    assert "ERROR RuntimeError" in capsys.readouterr().out
+
+
+def test_oversized_case_is_skipped_not_run():
+    c = bench.Case("square", "square_16384", 16384, 16384, 16384, 1, "float16")
+    row = bench.run_case(c, reps=7, mem_limit=2 * 2 ** 30)   # 1.5 GiB > 40% of 2 GiB
+    assert row["error"].startswith("skipped") and "tcgemm_tflops" not in row
+    assert bench.format_row(row).split()[-1] != "" and "SKIP" in bench.format_row(row)
