@@ -5,16 +5,22 @@ through lax.dot_general there) and GPU lowering raises `require()`'s error.
 """
 from __future__ import annotations
 
+import pathlib
+
 import jax
 
 TARGET = "tcgemm"  # FFI target name (C++: TcgemmHandler in ffi/gemm_ffi.cc)
 
+_HERE = pathlib.Path(__file__).resolve().parent
 try:
     from . import _tcgemm  # noqa: F401
-    _LOAD_ERROR: Exception | None = None
+    _LOAD_ERROR: str | None = None
 except ImportError as e:  # not built, or built for another Python/CUDA
     _tcgemm = None
-    _LOAD_ERROR = e
+    if not any(_HERE.glob("_tcgemm*.so")) and not any(_HERE.glob("_tcgemm*.pyd")):
+        _LOAD_ERROR = f"no compiled _tcgemm module in {_HERE} (the package was not built)"
+    else:
+        _LOAD_ERROR = f"{type(e).__name__}: {e}"
 
 
 def available() -> bool:
@@ -26,7 +32,7 @@ def require() -> None:
     if _tcgemm is None:
         raise RuntimeError(
             "jax_tcgemm: the CUDA extension jax_tcgemm._tcgemm could not be loaded "
-            f"({type(_LOAD_ERROR).__name__}: {_LOAD_ERROR}). GPU execution needs it; rebuild "
+            f"({_LOAD_ERROR}). GPU execution needs it; rebuild "
             "with `pip install --force-reinstall --no-deps .` from the source tree (CUDA 13 "
             "toolkit or the nvidia-cuda-nvcc wheel), or run on CPU, where jax_tcgemm falls "
             "back to lax.dot_general.")

@@ -8,6 +8,7 @@ documented in the README; supported dtypes never fall back.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -84,7 +85,7 @@ def matmul(a, b, *, out_dtype=None):
 
 def _normalize_dims(dims, ndim, what, shape):
     try:
-        out = tuple(int(d) for d in dims)
+        out = tuple(operator.index(d) for d in dims)
     except TypeError:
         raise TypeError(f"jax_tcgemm.dot_general: {what} must be a sequence of ints, got "
                         f"{dims!r}") from None

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, kernel self-test, GPU tests, benchmark. Logs under $OUT.
+#   usage: tools/gpu_check.sh [bench args...]      (default bench args: --quick)
+# The GPU machine is offline: the build uses what its python3 already has.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$REPO/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TCGEMM_REQUIRE_GPU=1
+status=0
+cd "$REPO"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+
+echo "== build"
+t0=$(date +%s)
+if ! python3 -m pip install --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"; exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s"
+cd /tmp  # import the installed package, not the source tree
+so=$(python3 -c "import jax_tcgemm._tcgemm as m; print(m.__file__)") || exit 1
+cuobjdump --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
+
+if [ "${SKIP_SELFTEST:-0}" != 1 ]; then
+  echo "== kernel self-test"
+  F="-std=c++17 -O3 -arch=sm_90 -I$REPO/ffi"
+  mkdir -p /tmp/st && (cd /tmp/st &&
+    nvcc $F -c "$REPO/ffi/gemm_kernels_f16.cu" -o a.o & nvcc $F -c "$REPO/ffi/gemm_kernels_bf16.cu" -o /tmp/st/b.o &
+    nvcc $F -x cu -c "$REPO/ffi/gemm_dispatch.cc" -o /tmp/st/c.o & nvcc $F -c "$REPO/tools/kernel_selftest.cu" -o /tmp/st/d.o & wait) &&
+    nvcc -arch=sm_90 /tmp/st/*.o -o /tmp/st/selftest && /tmp/st/selftest 2>&1 | tee "$OUT/selftest.log" || status=1
+fi
+
+echo "== GPU tests"
+python3 -m pytest "$REPO/tests" -q -p no:cacheprovider -m gpu -rs 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+echo "== benchmark"
+python3 -m jax_tcgemm.bench "${@:---quick}" --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>"$OUT/bench.err" | tee "$OUT/bench.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+exit $status
