@@ -281,7 +281,10 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
 #pragma unroll
         for (int mi = 0; mi < Tr::kMI; ++mi)
 #pragma unroll
-          for (int ni = 0; ni < Tr::kNI; ++ni) mma_f32<T>(acc[mi][ni], f.a[mi], f.b[ni]);
+          for (int nj = 0; nj < Tr::kNI; ++nj) {
+            const int ni = (mi & 1) ? Tr::kNI - 1 - nj : nj;  // serpentine: reuse B registers
+            mma_f32<T>(acc[mi][ni], f.a[mi], f.b[ni]);
+          }
       }
     }
     ptx::cp_async_wait_group<0>();

@@ -1,0 +1,599 @@
+"""CPU tests of jax_tcgemm (DESIGN §7): everything that runs without a GPU.
+
+Import and public names, the config table, shapes (jax.eval_shape), error messages, jaxprs of
+grad/vmap, the CUDA lowering emitted from a CPU host, and numerics of the CPU fallback (the
+primitive lowers through lax.dot_general off-GPU) against float64 references.
+"""
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tcgemm as tg
+from jax_tcgemm import _ffi, configs, primitives
+from jax_tcgemm.primitives import tcgemm, tcgemm_p
+
+from conftest import assert_close, bound, f64, ref64, rel_err, rand
+
+F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
+IN_DTYPES = (F16, BF16)
+OUT_DTYPES = (F16, BF16, F32)
+LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
+LAYOUT_IDS = [configs.layout_name(*t) for t in LAYOUTS]
+S = jax.ShapeDtypeStruct
+CFG0 = configs.CONFIGS[0].name
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu():  # numerics here test the CPU fallback, even on a GPU host
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def eqns(jaxpr):  # all equations of a (closed) jaxpr, sub-jaxprs included
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    yield from eqns(sub)
+
+
+def prims(jaxpr, name):
+    return [e for e in eqns(jaxpr) if e.primitive.name == name]
+
+
+def stored(x, transposed):  # a logical (B, R, C) operand in its stored layout ((B, C, R) if T)
+    return jnp.swapaxes(x, -1, -2) if transposed else x
+
+
+# ---------------------------------------------------------------------------------------------
+# Import, public names, configs.
+
+def test_import_and_public_names():
+    assert isinstance(tg.__version__, str) and re.fullmatch(r"\d+\.\d+\.\d+.*", tg.__version__)
+    assert set(tg.__all__) >= {"matmul", "dot_general", "__version__"}
+    assert callable(tg.matmul) and callable(tg.dot_general)
+    assert tcgemm_p.name == "tcgemm" and _ffi.TARGET == "tcgemm"
+    assert isinstance(_ffi.available(), bool)
+
+
+def test_dot_general_signature_matches_lax():
+    import inspect
+    ours = inspect.signature(tg.dot_general).parameters
+    theirs = inspect.signature(lax.dot_general).parameters
+    assert list(ours) == list(theirs)
+    for name in theirs:
+        assert ours[name].kind == theirs[name].kind, name
+        assert ours[name].default == theirs[name].default, name
+
+
+def test_config_names_procedural_and_unique():
+    assert len(configs.CONFIGS) >= 1
+    names = [c.name for c in configs.CONFIGS]
+    assert len(set(names)) == len(names)
+    for c in configs.CONFIGS:
+        assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
+        assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
+        assert configs.BY_NAME[c.name] is c
+        assert c.bm % (16 * c.warps_m) == 0 and c.bn % (8 * c.warps_n) == 0 and c.bk % 16 == 0
+    assert configs.LAYOUTS == ("NN", "NT", "TN", "TT")
+    assert [configs.layout_name(*t) for t in LAYOUTS] == ["NN", "NT", "TN", "TT"]
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (1, 1, 1, 1), (0, 5, 7, 1), (5, 0, 7, 1), (5, 7, 0, 1), (17, 33, 65, 1), (128, 128, 64, 1),
+    (1000, 1000, 1000, 1), (4096, 4096, 4096, 1), (16, 4096, 4096, 1), (4096, 16, 4096, 1),
+    (8192, 8192, 8192, 1), (256, 256, 256, 64), (64, 64, 65536, 1), (1, 100000, 8, 3)])
+def test_select_returns_known_config(m, n, k, batch):
+    for dt in IN_DTYPES:
+        for layout in configs.LAYOUTS:
+            assert configs.select(m, n, k, batch, dt, layout) in configs.BY_NAME
+
+
+def test_extension_config_names_match_python_table():
+    if not _ffi.available():
+        pytest.skip(f"CUDA extension not built: {_ffi._LOAD_ERROR}")
+    assert _ffi.config_names() == [c.name for c in configs.CONFIGS]
+
+
+def test_extension_missing_is_reported():
+    if _ffi.available():
+        assert _ffi.config_names()
+        _ffi.require()  # no error
+    else:
+        assert _ffi.config_names() is None
+        with pytest.raises(RuntimeError, match="rebuild"):
+            _ffi.require()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes: jax.eval_shape against jnp.matmul / lax.dot_general.
+
+MATMUL_SHAPES = [
+    ((5, 7), (7, 3)), ((1, 1), (1, 1)), ((17, 65), (65, 33)), ((2, 5, 7), (2, 7, 3)),
+    ((2, 5, 7), (7, 3)), ((5, 7), (2, 7, 3)), ((4, 1, 5, 7), (3, 7, 3)), ((1, 5, 7), (6, 7, 3)),
+    ((7,), (7, 3)), ((5, 7), (7,)), ((7,), (7,)), ((7,), (2, 3, 7, 4)), ((2, 3, 5, 7), (7,)),
+    ((0, 7), (7, 3)), ((5, 7), (7, 0)), ((2, 0, 7), (7, 3)), ((3, 2, 1, 5, 7), (2, 7, 1)),
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+@pytest.mark.parametrize("out_dtype", (None,) + OUT_DTYPES, ids=str)
+def test_eval_shape_matmul(a_shape, b_shape, dtype, out_dtype):
+    want = jax.eval_shape(jnp.matmul, S(a_shape, dtype), S(b_shape, dtype))
+    got = jax.eval_shape(lambda a, b: tg.matmul(a, b, out_dtype=out_dtype),
+                         S(a_shape, dtype), S(b_shape, dtype))
+    assert got.shape == want.shape
+    assert got.dtype == (dtype if out_dtype is None else out_dtype)
+
+
+DOT_GENERAL_CASES = [  # (lhs shape, rhs shape, dimension_numbers)
+    ((5, 7), (7, 3), (((1,), (0,)), ((), ()))),            # NN
+    ((7, 5), (7, 3), (((0,), (0,)), ((), ()))),            # TN
+    ((5, 7), (3, 7), (((1,), (1,)), ((), ()))),            # NT
+    ((7, 5), (3, 7), (((0,), (1,)), ((), ()))),            # TT
+    ((2, 5, 7), (2, 7, 3), (((2,), (1,)), ((0,), (0,)))),  # batched
+    ((5, 2, 7), (7, 2, 3), (((2,), (0,)), ((1,), (1,)))),  # batch dims in the middle
+    ((5, 7, 2), (7, 3, 2), (((1,), (0,)), ((2,), (2,)))),  # batch dims last
+    ((2, 7, 5), (2, 3, 7), (((1,), (2,)), ((0,), (0,)))),  # batched TT
+    ((4, 3, 5, 6), (5, 6, 7), (((2, 3), (0, 1)), ((), ()))),  # two contracting dims
+    ((4, 5, 6), (6, 5, 7), (((1, 2), (1, 0)), ((), ()))),  # contracting dims in another order
+    ((6, 4, 5), (5, 7, 6), (((2, 0), (0, 2)), ((), ()))),  # ... and not adjacent
+    ((2, 3, 7, 4), (5, 7, 6), (((2,), (1,)), ((), ()))),   # free dims on both sides of K
+    ((2, 3, 5, 7), (3, 2, 7, 4), (((3,), (2,)), ((0, 1), (1, 0)))),  # two batch dims, swapped
+    ((2, 3, 7), (7, 4), (((2,), (0,)), ((), ()))),         # Dense on a 3-D input
+    ((5,), (3,), (((), ()), ((), ()))),                    # outer product (K = 1)
+    ((5, 7), (5, 7), (((0, 1), (0, 1)), ((), ()))),        # full contraction (scalar)
+    ((7,), (7, 3), (((0,), (0,)), ((), ()))),              # vector @ matrix
+    ((3, 0, 7), (3, 7, 4), (((2,), (1,)), ((0,), (0,)))),  # M = 0
+    ((3, 5, 0), (3, 0, 4), (((2,), (1,)), ((0,), (0,)))),  # K = 0
+]
+DG_IDS = [f"{a}x{b}_{d}".replace(" ", "") for a, b, d in DOT_GENERAL_CASES]
+
+
+@pytest.mark.parametrize("lhs,rhs,dims", DOT_GENERAL_CASES, ids=DG_IDS)
+@pytest.mark.parametrize("pet", (None, F32, BF16), ids=str)
+def test_eval_shape_dot_general(lhs, rhs, dims, pet):
+    for dt in IN_DTYPES:
+        want = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dims, preferred_element_type=pet),
+                              S(lhs, dt), S(rhs, dt))
+        got = jax.eval_shape(lambda a, b: tg.dot_general(a, b, dims, preferred_element_type=pet),
+                             S(lhs, dt), S(rhs, dt))
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: the exception type, and a message naming the shapes / dtypes.
+
+def h(*shape, dt=F16):
+    return jnp.ones(shape, dt)
+
+
+def bind(a, b, *, ta=False, tb=False, out_dtype=F16, config=CFG0):
+    return tcgemm_p.bind(a, b, transpose_a=ta, transpose_b=tb, out_dtype=np.dtype(out_dtype),
+                         config=config)
+
+
+DG_NN = (((1,), (0,)), ((), ()))
+ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
+    ("matmul_K_mismatch", lambda: tg.matmul(h(4, 7), h(8, 3)), ValueError,
+     r"\(4, 7\).*\(8, 3\).*7 vs 8"),
+    ("matmul_rank0", lambda: tg.matmul(h(), h(8, 3)), ValueError, r"rank.*\(\).*\(8, 3\)"),
+    ("matmul_batch_not_broadcastable", lambda: tg.matmul(h(2, 4, 8), h(3, 8, 3)), ValueError,
+     r"\(2, 4, 8\).*\(3, 8, 3\)"),
+    ("matmul_out_int8", lambda: tg.matmul(h(4, 8), h(8, 3), out_dtype=jnp.int8), TypeError, "int8"),
+    ("matmul_out_float64", lambda: tg.matmul(h(4, 8), h(8, 3), out_dtype=np.float64),
+     TypeError, r"float64"),
+    ("matmul_string", lambda: tg.matmul("abc", h(8, 3)), TypeError, r"str"),
+    ("matmul_object", lambda: tg.matmul(h(4, 8), object()), TypeError, r"object"),
+    ("dg_num_contracting", lambda: tg.dot_general(h(4, 8), h(8, 3), (((1,), (0, 1)), ((), ()))),
+     ValueError, r"\(4, 8\).*\(8, 3\)"),
+    ("dg_num_batch", lambda: tg.dot_general(h(2, 4, 8), h(2, 8, 3), (((2,), (1,)), ((0,), ()))),
+     ValueError, r"\(2, 4, 8\).*\(2, 8, 3\)"),
+    ("dg_out_of_range", lambda: tg.dot_general(h(4, 8), h(8, 3), (((5,), (0,)), ((), ()))),
+     ValueError, r"\(5,\).*\(4, 8\)"),
+    ("dg_repeated", lambda: tg.dot_general(h(4, 8), h(8, 8), (((1, 1), (0, 1)), ((), ()))),
+     ValueError, r"repeated.*\(1, 1\)"),
+    ("dg_batch_and_contracting", lambda: tg.dot_general(
+        h(2, 4, 8), h(2, 8, 3), (((0,), (0,)), ((0,), (0,)))), ValueError,
+     r"both.*\(2, 4, 8\).*\(2, 8, 3\)"),
+    ("dg_contracting_size", lambda: tg.dot_general(h(4, 8), h(7, 3), DG_NN), ValueError,
+     r"contracting.*\(4, 8\).*\(7, 3\)"),
+    ("dg_batch_size", lambda: tg.dot_general(h(2, 4, 8), h(3, 8, 3), (((2,), (1,)), ((0,), (0,)))),
+     ValueError, r"batch.*\(2, 4, 8\).*\(3, 8, 3\)"),
+    ("dg_malformed_dims", lambda: tg.dot_general(h(4, 8), h(8, 3), ((1,), (0,))), TypeError,
+     r"dimension_numbers"),
+    ("dg_dims_none", lambda: tg.dot_general(h(4, 8), h(8, 3), None), TypeError,
+     r"dimension_numbers.*None"),
+    ("dg_dims_not_ints", lambda: tg.dot_general(h(4, 8), h(8, 3), (((None,), (0,)), ((), ()))),
+     TypeError, r"contracting.*None"),
+    ("dg_pet_int8", lambda: tg.dot_general(h(4, 8), h(8, 3), DG_NN,
+                                           preferred_element_type=jnp.int8), TypeError, r"int8"),
+    ("dg_string", lambda: tg.dot_general(h(4, 8), "x", DG_NN), TypeError, r"str"),
+    ("bind_rank2", lambda: bind(h(4, 8), h(8, 3)), ValueError, r"rank 3.*\(4, 8\).*\(8, 3\)"),
+    ("bind_mixed_dtypes", lambda: bind(h(1, 4, 8), h(1, 8, 3, dt=BF16)), TypeError,
+     r"float16.*bfloat16"),
+    ("bind_float32_in", lambda: bind(h(1, 4, 8, dt=F32), h(1, 8, 3, dt=F32)), TypeError, "float32"),
+    ("bind_unknown_config", lambda: bind(h(1, 4, 8), h(1, 8, 3), config="nope"), ValueError,
+     r"'nope'.*sm80_"),
+    ("bind_batch_2_vs_3", lambda: bind(h(2, 4, 8), h(3, 8, 3)), ValueError,
+     r"\(2, 4, 8\).*\(3, 8, 3\)"),
+    ("bind_K_mismatch_transposed", lambda: bind(h(1, 8, 4), h(1, 8, 3), ta=True, tb=True),
+     ValueError, r"8 vs 3"),
+    ("bind_out_int32", lambda: bind(h(1, 4, 8), h(1, 8, 3), out_dtype=np.int32), TypeError, "int32"),
+]
+
+
+@pytest.mark.parametrize("thunk,exc,pattern", [c[1:] for c in ERROR_CASES],
+                         ids=[c[0] for c in ERROR_CASES])
+def test_errors(thunk, exc, pattern):
+    with pytest.raises(exc) as info:
+        thunk()
+    assert re.search(pattern, str(info.value), re.S), str(info.value)
+    # ... and the same error under jit (raised at trace time, in Python)
+    with pytest.raises(exc):
+        jax.jit(lambda: thunk())()
+
+
+# ---------------------------------------------------------------------------------------------
+# Jaxprs: one tcgemm per product; grad = 3 tcgemms with flipped flags; vmap folds into batch.
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_jaxpr_matmul_one_tcgemm(out_dtype):
+    jx = jax.make_jaxpr(lambda a, b: tg.matmul(a, b, out_dtype=out_dtype))(h(5, 7), h(7, 3))
+    (e,) = prims(jx, "tcgemm")
+    assert e.params["out_dtype"] == out_dtype
+    assert (e.params["transpose_a"], e.params["transpose_b"]) == (False, False)
+    assert e.params["config"] in configs.BY_NAME
+    assert not prims(jx, "dot_general")
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+def test_jaxpr_grad_three_tcgemms_flipped_flags(ta, tb):
+    a = h(2, 7, 5) if ta else h(2, 5, 7)
+    b = h(2, 3, 7) if tb else h(2, 7, 3)
+    f = lambda a, b: tcgemm(a, b, transpose_a=ta, transpose_b=tb, out_dtype=F32).sum()
+    jx = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(a, b)
+    gemms = prims(jx, "tcgemm")
+    assert len(gemms) == 3
+    assert not prims(jx, "transpose") and not prims(jx, "dot_general")
+    flags = [(e.params["transpose_a"], e.params["transpose_b"]) for e in gemms]
+    assert flags[0] == (ta, tb)  # forward
+    # dA = dC . op(B)^T (or its transpose), dB = op(A)^T . dC (or its transpose)
+    want_da = (False, not tb) if not ta else (tb, True)
+    want_db = (not ta, False) if not tb else (True, ta)
+    assert sorted(flags[1:]) == sorted([want_da, want_db])
+    outs = {tuple(e.outvars[0].aval.shape) for e in gemms[1:]}
+    assert outs == {a.shape, b.shape}
+
+
+def test_jaxpr_grad_nn_matmul():
+    f = lambda a, b: tg.matmul(a, b, out_dtype=F32).sum()
+    jx = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(h(5, 7), h(7, 3))
+    gemms = prims(jx, "tcgemm")
+    assert len(gemms) == 3 and not prims(jx, "transpose") and not prims(jx, "dot_general")
+    by_shape = {tuple(e.outvars[0].aval.shape): e.params for e in gemms}
+    assert (by_shape[(1, 5, 7)]["transpose_a"], by_shape[(1, 5, 7)]["transpose_b"]) == (False, True)
+    assert (by_shape[(1, 7, 3)]["transpose_a"], by_shape[(1, 7, 3)]["transpose_b"]) == (True, False)
+
+
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0), (1, 2)], ids=str)
+def test_jaxpr_vmap_one_tcgemm(in_axes):
+    a = {None: h(5, 7), 0: h(4, 5, 7), 1: h(5, 4, 7)}[in_axes[0]]
+    b = {None: h(7, 3), 0: h(4, 7, 3), 2: h(7, 3, 4)}[in_axes[1]]
+    jx = jax.make_jaxpr(jax.vmap(tg.matmul, in_axes=in_axes))(a, b)
+    assert len(prims(jx, "tcgemm")) == 1
+
+
+def test_jaxpr_vmap_of_vmap_one_tcgemm():
+    f = jax.vmap(jax.vmap(tg.matmul, in_axes=(0, None)), in_axes=(0, 0))
+    jx = jax.make_jaxpr(f)(h(2, 3, 5, 7), h(2, 7, 4))
+    (e,) = prims(jx, "tcgemm")
+    assert e.outvars[0].aval.shape == (6, 5, 4)  # both vmapped axes folded into the batch
+
+
+def test_jaxpr_vmap_of_grad():
+    g = jax.grad(lambda a, b: tg.matmul(a, b, out_dtype=F32).sum(), argnums=(0, 1))
+    jx = jax.make_jaxpr(jax.vmap(g))(h(4, 5, 7), h(4, 7, 3))
+    assert len(prims(jx, "tcgemm")) == 3 and not prims(jx, "dot_general")
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA lowering from the CPU host.
+
+def cuda_text(f, *args):
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(text):
+    out = []
+    for line in text.splitlines():
+        if "stablehlo.custom_call @tcgemm" in line:
+            attr = lambda k: re.search(rf"(?<![\w.]){k} = ([^,}}]+)", line).group(1)  # noqa: E731
+            out.append({"transpose_a": attr("transpose_a"), "transpose_b": attr("transpose_b"),
+                        "config": attr("config").strip('"'), "line": line})
+    return out
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+def test_cuda_lowering_needs_or_emits(ta, tb):
+    """The real behaviour: custom call text with the extension, a 'rebuild' error without."""
+    a, b = h(2, 9, 5) if ta else h(2, 5, 9), h(2, 3, 9) if tb else h(2, 9, 3)
+    f = lambda x, y: tcgemm(x, y, transpose_a=ta, transpose_b=tb, out_dtype=F32)
+    if _ffi.available():
+        (call,) = custom_calls(cuda_text(f, a, b))
+        assert call["transpose_a"] == str(ta).lower() and call["transpose_b"] == str(tb).lower()
+    else:
+        with pytest.raises(RuntimeError, match="rebuild"):
+            cuda_text(f, a, b)
+
+
+@pytest.fixture
+def emit_without_extension(monkeypatch):  # lowering only emits the call: inspectable anywhere
+    monkeypatch.setattr(_ffi, "require", lambda: None)
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("out_dtype,mlir_t", [(F16, "f16"), (BF16, "bf16"), (F32, "f32")], ids=str)
+def test_cuda_lowering_text(emit_without_extension, ta, tb, out_dtype, mlir_t):
+    a, b = h(2, 9, 5) if ta else h(2, 5, 9), h(1, 3, 9) if tb else h(1, 9, 3)
+    cfg = configs.CONFIGS[-1].name
+    f = lambda x, y: tcgemm(x, y, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype, config=cfg)
+    text = cuda_text(f, a, b)
+    (call,) = custom_calls(text)
+    assert call["transpose_a"] == str(ta).lower() and call["transpose_b"] == str(tb).lower()
+    assert call["config"] == cfg
+    assert f"tensor<2x5x3x{mlir_t}>" in call["line"]
+    assert "dot_general" not in text
+
+
+def test_cuda_lowering_grad_and_vmap(emit_without_extension):
+    # value_and_grad: with grad alone the unused forward product is dead code and is dropped
+    g = jax.value_and_grad(lambda a, b: tg.matmul(a, b, out_dtype=F32).sum(), argnums=(0, 1))
+    calls = custom_calls(cuda_text(g, h(5, 7), h(7, 3)))
+    assert len(calls) == 3
+    assert {(c["transpose_a"], c["transpose_b"]) for c in calls} == {
+        ("false", "false"), ("false", "true"), ("true", "false")}
+    assert all(c["config"] in configs.BY_NAME for c in calls)
+    calls = custom_calls(cuda_text(jax.vmap(tg.matmul, in_axes=(0, None)), h(4, 5, 7), h(7, 3)))
+    assert len(calls) == 1
+
+
+def test_cpu_lowering_is_fallback():
+    text = jax.jit(tg.matmul).trace(h(5, 7), h(7, 3)).lower(lowering_platforms=("cpu",)).as_text()
+    assert "custom_call @tcgemm" not in text and "dot_general" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fallback numerics against float64 references of the rounded inputs.
+
+SHAPES = [(1, 1, 1), (17, 33, 65), (64, 32, 48), (5, 129, 3)]  # (M, N, K)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_matmul_fallback_numerics(m, n, k, dtype):
+    a, b = rand(("mm_a", m, k, dtype.name), (m, k), dtype), rand(("mm_b", k, n), (k, n), dtype)
+    ref = ref64(a, b)
+    for out_dtype in (None,) + OUT_DTYPES:
+        out = tg.matmul(a, b, out_dtype=out_dtype)
+        want = dtype if out_dtype is None else out_dtype
+        assert out.dtype == want and out.shape == (m, n)
+        assert_close(out, ref, want, k, f"matmul {m}x{n}x{k} {dtype}->{want}")
+    assert_close(jax.jit(tg.matmul)(a, b), ref, dtype, k, "jit")
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+@pytest.mark.parametrize("ba,bb", [(1, 1), (3, 3), (1, 3), (3, 1)], ids=str)
+def test_primitive_fallback_layouts_batch(ta, tb, dtype, ba, bb):
+    m, n, k = 17, 33, 65
+    a = rand(("pa", ta, tb, ba, bb, dtype.name), (ba, m, k), dtype)
+    b = rand(("pb", ta, tb, ba, bb, dtype.name), (bb, k, n), dtype)
+    ref = ref64(a, b)  # broadcasts batch 1
+    for out_dtype in OUT_DTYPES:
+        out = tcgemm(stored(a, ta), stored(b, tb), transpose_a=ta, transpose_b=tb,
+                     out_dtype=out_dtype)
+        assert out.shape == (max(ba, bb), m, n) and out.dtype == out_dtype
+        assert_close(out, ref, out_dtype, k, f"{configs.layout_name(ta, tb)} {dtype}->{out_dtype}")
+        np.testing.assert_array_equal(f64(out), f64(primitives.reference(  # the documented rule
+            stored(a, ta), stored(b, tb), transpose_a=ta, transpose_b=tb, out_dtype=out_dtype)))
+
+
+def test_matmul_fallback_broadcast_batch():
+    a = rand(("bcast_a",), (4, 1, 9, 13), BF16)
+    b = rand(("bcast_b",), (3, 13, 6), BF16)
+    out = tg.matmul(a, b, out_dtype=F32)
+    assert out.shape == (4, 3, 9, 6)
+    assert_close(out, ref64(a, b), F32, 13)
+    for a_s, b_s in [((13,), (3, 13, 6)), ((2, 9, 13), (13,)), ((13,), (13,))]:
+        x, y = rand(("v", a_s), a_s, F16), rand(("w", b_s), b_s, F16)
+        assert_close(tg.matmul(x, y, out_dtype=F32), np.matmul(f64(x), f64(y)), F32, 13)
+
+
+@pytest.mark.parametrize("lhs,rhs,dims", DOT_GENERAL_CASES, ids=DG_IDS)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_dot_general_fallback_vs_lax(lhs, rhs, dims, dtype):
+    x = rand(("dgl", lhs, dims, dtype.name), lhs, dtype)
+    y = rand(("dgr", rhs, dims, dtype.name), rhs, dtype)
+    k = int(np.prod([lhs[d] for d in dims[0][0]]))
+    ref = lax.dot_general(x.astype(F32), y.astype(F32), dims, precision=lax.Precision.HIGHEST)
+    for pet in (None, F32, BF16):
+        out = tg.dot_general(x, y, dims, preferred_element_type=pet)
+        want = lax.dot_general(x, y, dims, preferred_element_type=pet)
+        assert (out.shape, out.dtype) == (want.shape, want.dtype)
+        assert_close(out, f64(ref), want.dtype, k, f"dot_general {dims} pet={pet}")
+        if out.size >= 16:  # (lax's own rounding of a cancelling scalar can be far off)
+            assert rel_err(out, f64(want)) <= 2 * bound(want.dtype, k)
+
+
+EINSUMS = [("bij,bjk->bik", (2, 5, 7), (2, 7, 3)), ("ij,kj->ik", (5, 7), (3, 7)),
+           ("bhqd,bhkd->bhqk", (2, 3, 5, 8), (2, 3, 6, 8)), ("bhqk,bhkd->bhqd", (2, 3, 5, 6), (2, 3, 6, 8)),
+           ("abc,cd->abd", (2, 3, 7), (7, 4)), ("ijk,kji->", (3, 4, 5), (5, 4, 3)),
+           ("i,j->ij", (5,), (3,)), ("bij,jk->bki", (2, 5, 7), (7, 3))]
+
+
+@pytest.mark.parametrize("spec,ls,rs", EINSUMS, ids=[e[0] for e in EINSUMS])
+def test_einsum_with_tg_dot_general(spec, ls, rs):
+    x, y = rand(("es", spec, 0), ls, BF16), rand(("es", spec, 1), rs, BF16)
+    ref = np.einsum(spec, f64(x), f64(y))
+    want = jnp.einsum(spec, x, y)
+    for pet in (None, F32):
+        out = jnp.einsum(spec, x, y, preferred_element_type=pet, _dot_general=tg.dot_general)
+        assert out.shape == want.shape and out.dtype == (BF16 if pet is None else F32)
+        assert_close(out, ref, out.dtype, 8, spec)
+    jx = jax.make_jaxpr(lambda a, b: jnp.einsum(spec, a, b, _dot_general=tg.dot_general))(x, y)
+    assert len(prims(jx, "tcgemm")) == 1 and not prims(jx, "dot_general")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=str)
+def test_fallback_dtypes_equal_lax(dtype):
+    x = jnp.asarray(np.arange(5 * 7).reshape(5, 7) % 11 - 5, dtype)
+    y = jnp.asarray(np.arange(7 * 3).reshape(7, 3) % 7 - 3, dtype)
+    np.testing.assert_array_equal(tg.matmul(x, y), jnp.matmul(x, y))
+    for dims in (DG_NN, (((1,), (1,)), ((), ()))):
+        yy = y if dims == DG_NN else y.T
+        out, want = tg.dot_general(x, yy, dims), lax.dot_general(x, yy, dims)
+        assert out.dtype == want.dtype
+        np.testing.assert_array_equal(out, want)
+    assert not prims(jax.make_jaxpr(tg.matmul)(x, y), "tcgemm")
+
+
+def test_mixed_f16_bf16_falls_back_like_jnp():
+    x, y = rand(3, (5, 7), F16), rand(4, (7, 3), BF16)
+    out, want = tg.matmul(x, y), jnp.matmul(x, y)
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(f64(out), f64(want))
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformations on the fallback: grads vs jnp.matmul, vmap numerics.
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("dtype,out_dtype", [(F16, F32), (BF16, BF16), (BF16, F32), (F16, F16)],
+                         ids=str)
+def test_grad_matches_jnp(ta, tb, dtype, out_dtype):
+    m, n, k = 9, 11, 13
+    a = rand(("ga", ta, tb, dtype.name), (2, m, k), dtype)
+    b = rand(("gb", ta, tb, dtype.name), (1, k, n), dtype)  # shared operand: grad sums batch
+    ct = rand(("gc", ta, tb, dtype.name), (2, m, n), out_dtype)
+    sa, sb = stored(a, ta), stored(b, tb)
+    ours = jax.vjp(lambda x, y: tcgemm(x, y, transpose_a=ta, transpose_b=tb,
+                                       out_dtype=out_dtype), sa, sb)[1](ct)
+    jn = jax.vjp(lambda x, y: jnp.matmul(stored(x, ta), stored(y, tb),
+                                         preferred_element_type=out_dtype), sa, sb)[1](ct)
+    ct64 = f64(ct)
+    da_ref = ct64 @ np.swapaxes(f64(b), -1, -2)
+    db_ref = (np.swapaxes(f64(a), -1, -2) @ ct64).sum(0, keepdims=True)
+    for got, theirs, ref in zip(ours, jn, (stored(da_ref, ta), stored(db_ref, tb))):
+        assert got.dtype == theirs.dtype == dtype and got.shape == theirs.shape
+        assert_close(got, ref, dtype, n, "grad vs float64")
+        assert rel_err(got, f64(theirs)) <= 2 * max(bound(dtype), rel_err(theirs, ref))
+
+
+@pytest.mark.parametrize("in_axes,shapes", [
+    ((0, None), ((4, 5, 7), (7, 3))), ((None, 0), ((5, 7), (4, 7, 3))),
+    ((0, 0), ((4, 5, 7), (4, 7, 3))), ((1, 2), ((5, 4, 7), (7, 3, 4))),
+    ((0, None), ((4, 2, 5, 7), (2, 7, 3))), ((0, 0), ((4, 2, 5, 7), (4, 1, 7, 3)))], ids=str)
+def test_vmap_numerics(in_axes, shapes):
+    x, y = rand(("va", in_axes, shapes), shapes[0], F16), rand(("vb", in_axes, shapes), shapes[1], F16)
+    out = jax.vmap(lambda a, b: tg.matmul(a, b, out_dtype=F32), in_axes=in_axes)(x, y)
+    xm, ym = (f64(v) if ax is None else np.moveaxis(f64(v), ax, 0) for v, ax in zip((x, y), in_axes))
+    assert_close(out, np.matmul(xm, ym), F32, 7)  # mapped axes first; unmapped ones broadcast
+
+
+def test_vmap_of_vmap_and_jit_numerics():
+    x, y = rand(5, (2, 3, 5, 7), BF16), rand(6, (2, 7, 4), BF16)
+    f = jax.jit(jax.vmap(jax.vmap(lambda a, b: tg.matmul(a, b, out_dtype=F32), in_axes=(0, None))))
+    out = f(x, y)
+    assert out.shape == (2, 3, 5, 4)
+    assert_close(out, np.matmul(f64(x), f64(y)[:, None]), F32, 7)
+
+
+def test_jvp_and_vmap_of_grad_numerics():
+    a, b = rand(7, (3, 5, 7), F16), rand(8, (3, 7, 4), F16)
+    da, db = rand(9, a.shape, F16), rand(10, b.shape, F16)
+    out, tan = jax.jvp(lambda x, y: tg.matmul(x, y, out_dtype=F32), (a, b), (da, db))
+    assert_close(tan, f64(da) @ f64(b) + f64(a) @ f64(db), F32, 7)
+    g = jax.vmap(jax.grad(lambda x, y: tg.matmul(x, y, out_dtype=F32).sum(), argnums=(0, 1)))
+    ga, gb = g(a, b)
+    assert_close(ga, np.ones((3, 5, 4)) @ np.swapaxes(f64(b), 1, 2), F16, 4)
+    assert_close(gb, np.swapaxes(f64(a), 1, 2) @ np.ones((3, 5, 4)), F16, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flax smoke.
+
+def test_flax_linen_dense():
+    nn = pytest.importorskip("flax.linen")
+    x = rand(11, (4, 3, 33), BF16)
+    kw = dict(features=17, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    ref_mod, ours_mod = nn.Dense(**kw), nn.Dense(**kw, dot_general=tg.dot_general)
+    params = ref_mod.init(jax.random.PRNGKey(0), x)
+    params = jax.tree.map(lambda p: p + rand(12, p.shape, p.dtype, 0.1), params)  # non-zero bias
+    want, got = ref_mod.apply(params, x), ours_mod.apply(params, x)
+    assert got.shape == want.shape == (4, 3, 17) and got.dtype == want.dtype == BF16
+    assert rel_err(got, f64(want)) <= bound(BF16)
+    jx = jax.make_jaxpr(ours_mod.apply)(params, x)
+    assert len(prims(jx, "tcgemm")) == 1
+
+
+def test_flax_nnx_linear_passes_out_sharding():
+    nnx = pytest.importorskip("flax.nnx")
+    x = rand(13, (6, 24), F16)
+    kw = dict(dtype=jnp.float16, param_dtype=jnp.float16)
+    ref_mod = nnx.Linear(24, 10, rngs=nnx.Rngs(0), **kw)
+    ours_mod = nnx.Linear(24, 10, rngs=nnx.Rngs(0), dot_general=tg.dot_general, **kw)
+    want, got = ref_mod(x), ours_mod(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert rel_err(got, f64(want)) <= bound(F16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Known bugs in jax_tcgemm (reported to the lead). strict: a fix turns these into XPASS
+# failures, which is the reminder to drop the marker.
+
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
+                   reason="BUG ops.matmul: reshape(..., -1, ...) of a size-0 operand (K=0, or "
+                          "M/N=0 with a batched operand) raises ZeroDivisionError")
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 0), (0, 6)), ((2, 5, 0), (2, 0, 6)),
+                                             ((4, 1, 5, 0), (3, 0, 6)), ((2, 0, 5), (2, 5, 6)),
+                                             ((2, 3, 5), (2, 5, 0))], ids=str)
+def test_matmul_zero_sizes(a_shape, b_shape):
+    x, y = jnp.ones(a_shape, F16), jnp.ones(b_shape, F16)
+    out, want = tg.matmul(x, y), jnp.matmul(x, y)
+    assert jax.eval_shape(tg.matmul, x, y).shape == want.shape == out.shape
+    np.testing.assert_array_equal(f64(out), 0.0)
+
+
+def test_primitive_k0_gives_zeros():
+    out = tcgemm(jnp.ones((2, 5, 0), F16), jnp.ones((1, 0, 6), F16), out_dtype=F32)
+    assert out.shape == (2, 5, 6)
+    np.testing.assert_array_equal(np.asarray(out), 0.0)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="BUG primitives._dims: batch = max(Ba, Bb) so a size-0 batch against a "
+                          "shared operand (1 vs 0) is rejected; jnp.matmul gives an empty result")
+def test_matmul_zero_batch():
+    out = tg.matmul(jnp.ones((3, 5), F16), jnp.ones((0, 5, 2), F16))
+    assert out.shape == (0, 3, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG primitives._transpose_a/_b: a float32 cotangent is "
+                   "cast to float16 before the transposed GEMM, so gradients whose cotangent is "
+                   "outside float16's range become 0 or inf (jnp.matmul's stay finite)")
+@pytest.mark.parametrize("scale,b_val", [(1e-9, 1e4), (1e5, 1e-3)], ids=str)
+def test_grad_f32_cotangent_range(scale, b_val):
+    a, b = jnp.ones((4, 8), F16), jnp.full((8, 3), b_val, F16)
+    ours = jax.grad(lambda x: scale * tg.matmul(x, b, out_dtype=F32).sum())(a)
+    want = jax.grad(lambda x: scale * jnp.matmul(x, b, preferred_element_type=F32).sum())(a)
+    assert np.all(np.isfinite(f64(want))) and np.all(f64(want) != 0)
+    np.testing.assert_allclose(f64(ours), f64(want), rtol=2e-3)
