@@ -66,7 +66,8 @@ def matmul(a, b, *, out_dtype=None):
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     if math.prod(b2.shape[:-2]) == 1:
         # B is shared: fold all of A's leading dims into M (one larger GEMM).
-        out = tcgemm(a2.reshape(1, -1, k), b2.reshape(1, k, n), out_dtype=out_dtype)
+        rows = math.prod(a2.shape[:-1])
+        out = tcgemm(a2.reshape(1, rows, k), b2.reshape(1, k, n), out_dtype=out_dtype)
         out = out.reshape(batch + (m, n))
     else:
         def to3(x, rows, cols):  # batch-1 operands stay shared (stride 0); others broadcast
@@ -74,7 +75,7 @@ def matmul(a, b, *, out_dtype=None):
                 return x.reshape(1, rows, cols)
             if x.shape[:-2] != batch:  # partial broadcast: no single stride; materialised
                 x = jnp.broadcast_to(x, batch + x.shape[-2:])
-            return x.reshape(-1, rows, cols)
+            return x.reshape(math.prod(batch), rows, cols)
         out = tcgemm(to3(a2, m, k), to3(b2, k, n), out_dtype=out_dtype).reshape(batch + (m, n))
     if a.ndim == 1:
         out = out[..., 0, :]

@@ -8,6 +8,8 @@ config (a name from configs.CONFIGS).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +29,8 @@ def _dims(a_shape, b_shape, transpose_a, transpose_b):
     """(batch, M, N, K of a, K of b) of operand shapes."""
     m, ka = (a_shape[2], a_shape[1]) if transpose_a else (a_shape[1], a_shape[2])
     kb, n = (b_shape[2], b_shape[1]) if transpose_b else (b_shape[1], b_shape[2])
-    return max(a_shape[0], b_shape[0]), m, n, ka, kb
+    batch = b_shape[0] if a_shape[0] == 1 else a_shape[0]  # a batch-1 operand is shared
+    return batch, m, n, ka, kb
 
 
 def tcgemm(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None, config=None):
@@ -75,7 +78,7 @@ def _cuda_lowering(ctx, a, b, *, transpose_a, transpose_b, out_dtype, config):
 def reference(a, b, *, transpose_a, transpose_b, out_dtype, config=None):
     """tcgemm_p's semantics in lax: float32 accumulation, rounded once to out_dtype."""
     del config
-    bt = max(a.shape[0], b.shape[0])
+    bt = b.shape[0] if a.shape[0] == 1 else a.shape[0]
     a = jnp.broadcast_to(a, (bt,) + a.shape[1:])
     b = jnp.broadcast_to(b, (bt,) + b.shape[1:])
     dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
@@ -101,7 +104,7 @@ def _batch_rule(args, dims, *, transpose_a, transpose_b, out_dtype, config):
     if db is not None:
         b = jnp.moveaxis(b, db, 0)
         bb = b.shape[1]
-    bt = max(ba, bb)
+    bt = bb if ba == 1 else ba
     # A mapped operand must cover (v, bt); an unmapped one is shared (batch 1) or repeated.
     if da is not None:
         a = jnp.broadcast_to(a, (v, bt) + a.shape[2:]).reshape((v * bt,) + a.shape[2:])
@@ -151,8 +154,12 @@ def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, config):
 # ---------------------------------------------------------------------------------------------
 # Registration of every rule, in one place.
 
-tcgemm_p.def_impl(lambda *args, **params: jax.jit(
-    lambda x, y: tcgemm_p.bind(x, y, **params))(*args))
+@functools.lru_cache(maxsize=None)
+def _jitted_impl(**params):
+    return jax.jit(lambda x, y: tcgemm_p.bind(x, y, **params))
+
+
+tcgemm_p.def_impl(lambda a, b, **params: _jitted_impl(**params)(a, b))
 tcgemm_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(tcgemm_p, _fallback_lowering)
 mlir.register_lowering(tcgemm_p, _cuda_lowering, platform="cuda")

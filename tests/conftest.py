@@ -72,10 +72,11 @@ BOUNDS = {
 def bound(out_dtype, k: int = 1) -> float:
     """BOUNDS[out_dtype], for float32 output scaled with K beyond 2048.
 
-    Tensor-core float32 accumulation (mma.sync on sm80/sm90) rounds toward zero, so its
-    error grows roughly linearly in the K/16 accumulation steps rather than with sqrt(K):
-    about 7e-6 at K=4096 and 1e-4 at K=65536 (cuBLAS behaves the same). 1e-5*K/2048 keeps
-    a >= 3x margin while a real defect (even one missing K element) costs >= 1/sqrt(K)
+    Tensor-core float32 accumulation is reported to round toward zero (Fasi et al., 2021,
+    "Numerical behavior of NVIDIA tensor cores"), so its error can grow roughly linearly in
+    the K/16 accumulation steps rather than with sqrt(K): an estimated ~7e-6 at K=4096 and
+    ~1e-4 at K=65536 (not yet measured on our kernel). 1e-5*K/2048 keeps ~3x margin over
+    that estimate, while a real defect (even one missing K element) costs about 1/sqrt(K)
     relative, which stays far above it (4e-3 at K=65536)."""
     dt = np.dtype(out_dtype)
     b = BOUNDS[dt]

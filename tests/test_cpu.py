@@ -557,12 +557,8 @@ def test_flax_nnx_linear_passes_out_sharding():
 
 
 # ---------------------------------------------------------------------------------------------
-# Known bugs in jax_tcgemm (reported to the lead). strict: a fix turns these into XPASS
-# failures, which is the reminder to drop the marker.
+# Zero sizes, and a known limitation (strict xfail: a fix turns it into an XPASS failure).
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
-                   reason="BUG ops.matmul: reshape(..., -1, ...) of a size-0 operand (K=0, or "
-                          "M/N=0 with a batched operand) raises ZeroDivisionError")
 @pytest.mark.parametrize("a_shape,b_shape", [((5, 0), (0, 6)), ((2, 5, 0), (2, 0, 6)),
                                              ((4, 1, 5, 0), (3, 0, 6)), ((2, 0, 5), (2, 5, 6)),
                                              ((2, 3, 5), (2, 5, 0))], ids=str)
@@ -579,9 +575,6 @@ def test_primitive_k0_gives_zeros():
     np.testing.assert_array_equal(np.asarray(out), 0.0)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="BUG primitives._dims: batch = max(Ba, Bb) so a size-0 batch against a "
-                          "shared operand (1 vs 0) is rejected; jnp.matmul gives an empty result")
 def test_matmul_zero_batch():
     out = tg.matmul(jnp.ones((3, 5), F16), jnp.ones((0, 5, 2), F16))
     assert out.shape == (0, 3, 2)
