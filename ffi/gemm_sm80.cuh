@@ -64,16 +64,16 @@ struct TileLoader {
         const T* src = ok ? g + gr * ld + gc : g;
         ptx::cp_async_cg_16_zfill(dst, src, ok ? 16u : 0u);
       } else {
-        alignas(16) T v[8];
+        union {
+          T e[8];
+          uint32_t w[4];
+        } v;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const bool ok = gr < rows && gc + e < cols;
-          v[e] = ok ? g[gr * ld + gc + e] : T(0.0f);
+          v.e[e] = ok ? g[gr * ld + gc + e] : T(0.0f);
         }
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
-                     "r"(reinterpret_cast<uint32_t*>(v)[0]), "r"(reinterpret_cast<uint32_t*>(v)[1]),
-                     "r"(reinterpret_cast<uint32_t*>(v)[2]), "r"(reinterpret_cast<uint32_t*>(v)[3])
-                     : "memory");
+        ptx::st_shared_v4_b32(dst, v.w);
       }
     }
   }

@@ -32,3 +32,15 @@ __device__ __forceinline__ void cp_async_wait_group() {
 }
 
 }  // namespace tcgemm::ptx
+
+namespace tcgemm::ptx {
+
+// 16-byte shared store of four 32-bit words (st.shared.v4.b32), PTX ISA 9.7.9.10 "st"; the
+// synchronous fallback of cp_async_cg_16_zfill for operands that are not 16-byte aligned.
+__device__ __forceinline__ void st_shared_v4_b32(uint32_t smem_addr, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
+}  // namespace tcgemm::ptx
