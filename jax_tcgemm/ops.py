@@ -162,23 +162,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         "preferred_element_type")
 
     (lperm, ta, rperm, tb), lf, rf = _plan(lhs.shape, rhs.shape, lc, rc, lb, rb)
+    k = math.prod(lhs.shape[i] for i in lc)
     if lperm is not None:
         lhs = jnp.transpose(lhs, lperm)
     if rperm is not None:
         rhs = jnp.transpose(rhs, rperm)
-    size = lambda x, ds: math.prod(x.shape[d] for d in ds)  # noqa: E731
-    bsz = math.prod(lhs.shape[:len(lb)]) if lperm is None else size(lhs, range(len(lb)))
-    # After any transpose the operand dims are (batch, free, contracting) or (batch, contr., free).
-    nb = len(lb)
-    m = math.prod(lhs.shape[nb:nb + len(lf)] if not ta else lhs.shape[nb + len(lc):])
-    k = math.prod(lhs.shape[nb + len(lf):] if not ta else lhs.shape[nb:nb + len(lc)])
-    n = math.prod(rhs.shape[nb + len(rc):] if not tb else rhs.shape[nb:nb + len(rf)])
+    # Now each operand's dims are (batch, free, contracting) or (batch, contracting, free).
+    nb, nc = len(lb), len(lc)
+    batch = lhs.shape[:nb]
+    l_free = lhs.shape[nb + nc:] if ta else lhs.shape[nb:nb + len(lf)]
+    r_free = rhs.shape[nb:nb + len(rf)] if tb else rhs.shape[nb + nc:]
+    bsz, m, n = math.prod(batch), math.prod(l_free), math.prod(r_free)
     a3 = lhs.reshape((bsz, k, m) if ta else (bsz, m, k))
     b3 = rhs.reshape((bsz, n, k) if tb else (bsz, k, n))
     out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype)
-    out_shape = (tuple(lhs.shape[:nb])
-                 + tuple(lhs.shape[nb:nb + len(lf)] if not ta else lhs.shape[nb + len(lc):])
-                 + tuple(rhs.shape[nb + len(rc):] if not tb else rhs.shape[nb:nb + len(rf)]))
+    out_shape = batch + l_free + r_free
     out = out.reshape(out_shape)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
