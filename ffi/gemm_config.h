@@ -1,7 +1,9 @@
 // Typed view of gemm_config.inc plus the derived quantities every layer uses.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace tcgemm {
 
@@ -24,10 +26,21 @@ inline std::string ConfigName(const GemmConfig& c) {
          std::to_string(c.warps_n);
 }
 
-// Index of the config called `name`, or -1.
+// Names of all configs, in table order; built once.
+inline const std::array<std::string, kNumConfigs>& ConfigNames() {
+  static const std::array<std::string, kNumConfigs> names = [] {
+    std::array<std::string, kNumConfigs> n;
+    for (int i = 0; i < kNumConfigs; ++i) n[i] = ConfigName(kConfigs[i]);
+    return n;
+  }();
+  return names;
+}
+
+// Index of the config called `name`, or -1. No allocation (runs on every launch).
 inline int FindConfig(std::string_view name) {
+  const auto& names = ConfigNames();
   for (int i = 0; i < kNumConfigs; ++i)
-    if (ConfigName(kConfigs[i]) == name) return i;
+    if (names[i] == name) return i;
   return -1;
 }
 

@@ -22,7 +22,23 @@ std::string CudaError(const char* what, cudaError_t e) {
 
 bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+int64_t KTiles(const GemmProblem& pr) {  // BK-wide k tiles of the whole K
+  const int64_t bk = kConfigs[pr.config].bk;
+  return (pr.params.k + bk - 1) / bk;
+}
+
+// k tiles per slice when K is cut into (at most) split_k slices.
+int64_t KTilesPerSplit(const GemmProblem& pr) {
+  const int64_t split = std::max(pr.params.split_k, 1);
+  return std::max<int64_t>(1, (KTiles(pr) + split - 1) / split);
+}
+
 }  // namespace
+
+int EffectiveSplitK(const GemmProblem& pr) {
+  const int64_t per = KTilesPerSplit(pr);
+  return static_cast<int>(std::max<int64_t>(1, (KTiles(pr) + per - 1) / per));
+}
 
 std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   GemmParams p = pr.params;
@@ -40,6 +56,13 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   if (tiles_m * tiles_n > INT32_MAX) return "problem too large: more than 2^31 output tiles";
   p.tiles_m = static_cast<int>(tiles_m);
   p.tiles_n = static_cast<int>(tiles_n);
+  const int split = EffectiveSplitK(pr);
+  p.split_k = split;
+  p.k_tiles_per_split = static_cast<int>(KTilesPerSplit(pr));
+  if (split > 1) {  // slices write float32 partials to the workspace; the reduction writes C
+    p.c = pr.workspace;
+    p.out_type = OutType::kF32;
+  }
 
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
@@ -58,13 +81,18 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
     if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
   }
 
-  const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1,
+  const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(split),
                   static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));
   void* args[] = {&p};
   cudaError_t e = cudaLaunchKernel(k.fn, grid, dim3(k.threads), args, k.smem_bytes, stream);
   if (e != cudaSuccess) return CudaError("cudaLaunchKernel", e);
   e = cudaGetLastError();
   if (e != cudaSuccess) return CudaError("kernel launch", e);
+  if (split > 1) {
+    e = LaunchSplitKReduce(pr.workspace, pr.params.c, pr.params.out_type, split,
+                           p.batch * p.m * p.n, stream);
+    if (e != cudaSuccess) return CudaError("split-K reduction launch", e);
+  }
   return {};
 }
 

@@ -24,7 +24,15 @@ inline int VariantIndex(bool a_kmajor, bool b_kmajor, bool aligned) {
 KernelEntry KernelF16(int config, int variant);
 KernelEntry KernelBF16(int config, int variant);
 
-// Launches problem `pr` on `stream`. Returns an empty string on success, else what went wrong.
+// Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
+int EffectiveSplitK(const GemmProblem& pr);
+
+// Launches problem `pr` on `stream` (with split-K: the sliced GEMM into pr.workspace, then the
+// reduction into C). Returns an empty string on success, else what went wrong.
 std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream);
+
+// Defined in gemm_reduce.cu: c[i] = sum_{s < splits} ws[s * count + i] in slice order.
+cudaError_t LaunchSplitKReduce(const float* ws, void* c, OutType out_type, int splits,
+                               int64_t count, cudaStream_t stream);
 
 }  // namespace tcgemm

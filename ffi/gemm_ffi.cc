@@ -34,8 +34,9 @@ const char* DtypeName(ffi::DataType t) {
 ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("tcgemm: " + msg); }
 
 ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                      ffi::Result<ffi::AnyBuffer> c, bool transpose_a, bool transpose_b,
-                      std::string_view config) {
+                      ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> workspace,
+                      bool transpose_a, bool transpose_b, std::string_view config,
+                      int64_t split_k) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -47,6 +48,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                              Dims(bd) + " transpose_b=" + (transpose_b ? "1" : "0") + ", c" +
                              Dims(cd);
   if (ka != kb) return Invalid("contracting sizes differ: " + shapes);
+  if (m > INT32_MAX || n > INT32_MAX || ka > INT32_MAX)
+    return Invalid("M, N and K must each be below 2^31: " + shapes);
   if (cd[1] != m || cd[2] != n) return Invalid("result shape does not match operands: " + shapes);
   if ((ad[0] != batch && ad[0] != 1) || (bd[0] != batch && bd[0] != 1))
     return Invalid("batch sizes must equal the result's or be 1: " + shapes);
@@ -60,6 +63,13 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 
   const int cfg = FindConfig(config);
   if (cfg < 0) return Invalid("unknown config '" + std::string(config) + "'");
+  if (split_k < 1 || split_k > kMaxSplitK)
+    return Invalid("split_k must be in [1, " + std::to_string(kMaxSplitK) + "]; got " +
+                   std::to_string(split_k));
+  if (workspace->element_type() != ffi::DataType::F32 || workspace->dimensions().size() != 1)
+    return Invalid("the workspace result must be a rank-1 float32 buffer; got " +
+                   std::string(DtypeName(workspace->element_type())) +
+                   Dims(workspace->dimensions()));
   if (c->element_count() == 0) return ffi::Error::Success();  // M, N or batch is 0
 
   GemmProblem pr{};
@@ -79,6 +89,15 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.transpose_a = transpose_a;
   pr.transpose_b = transpose_b;
   pr.config = cfg;
+  pr.params.split_k = static_cast<int>(split_k);
+  pr.workspace = static_cast<float*>(workspace->untyped_data());
+  if (const int split = EffectiveSplitK(pr); split > 1) {
+    const int64_t need = split * batch * m * n;
+    if (static_cast<int64_t>(workspace->element_count()) < need)
+      return Invalid("split_k=" + std::to_string(split_k) + " needs a workspace of " +
+                     std::to_string(need) + " floats; got " +
+                     std::to_string(workspace->element_count()) + " [" + shapes + "]");
+  }
   if (std::string err = LaunchGemm(pr, stream); !err.empty())
     return ffi::Error::Internal("tcgemm: " + err + " [" + shapes + ", config " + std::string(config) + "]");
   return ffi::Error::Success();
@@ -92,9 +111,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Arg<ffi::AnyBuffer>()  // a: (Ba, M, K), or (Ba, K, M) if transpose_a
                                   .Arg<ffi::AnyBuffer>()  // b: (Bb, K, N), or (Bb, N, K) if transpose_b
                                   .Ret<ffi::AnyBuffer>()  // c: (B, M, N); Ba, Bb in {1, B}
+                                  .Ret<ffi::AnyBuffer>()  // workspace: f32, split_k*B*M*N if split
                                   .Attr<bool>("transpose_a")
                                   .Attr<bool>("transpose_b")
-                                  .Attr<std::string_view>("config"),
+                                  .Attr<std::string_view>("config")
+                                  .Attr<int64_t>("split_k"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace tcgemm

@@ -7,8 +7,13 @@ namespace tcgemm {
 enum class InType : int { kF16 = 0, kBF16 = 1 };
 enum class OutType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
 
+// Most K slices of a split-K product (grid y); the FFI rejects more.
+inline constexpr int kMaxSplitK = 64;
+
 // C[z] (M x N, row-major, contiguous) = op(A[z]) · op(B[z]) for z < batch.
 // transpose_a: A[z] is stored [K][M] (else [M][K]); transpose_b: B[z] is stored [N][K] (else [K][N]).
+// Split-K: K is cut into split_k slices of k_tiles_per_split tiles (grid y); slice s writes its
+// float32 partial product to c + (s * batch + z) * M * N, and a reduction kernel sums them.
 struct GemmParams {
   const void* a;
   const void* b;
@@ -17,10 +22,13 @@ struct GemmParams {
   int64_t stride_a, stride_b;  // elements between batch items; 0 broadcasts one matrix
   OutType out_type;
   int tiles_m, tiles_n;        // set by the dispatcher for the chosen config
+  int split_k;                 // K slices (1: no split)
+  int k_tiles_per_split;       // BK-wide k tiles per slice (set by the dispatcher)
 };
 
 struct GemmProblem {
   GemmParams params;
+  float* workspace;            // split_k * batch * M * N floats when split_k > 1
   InType in_type;
   bool transpose_a, transpose_b;
   int config;                  // index into kConfigs

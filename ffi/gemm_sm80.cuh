@@ -1,7 +1,8 @@
 // The mma.sync GEMM kernel template (sm_80+):  C[z] = A[z] · B[z]  for z < batch.
 //
 // One loop per layer:
-//   kernel       : batch loop (grid z) and threadblock rasterization (grid x)
+//   kernel       : batch loop (grid z), K slice of split-K (grid y), threadblock rasterization
+//                  (grid x)
 //   threadblock  : cp.async multi-stage global->shared pipeline over K (TileLoader)
 //   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments)
 //   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
@@ -39,43 +40,66 @@ __device__ __forceinline__ int swizzle_chunk(int row, int ch) {
   }
 }
 
-// Copies one ROWS x COLS tile (COLS contiguous) of a row-major matrix with `rows` x `cols`
-// elements and leading dimension `ld` into a swizzled shared tile; out-of-range elements are
-// zero. ALIGNED: cols and ld are multiples of 8 and the base is 16-byte aligned, so every chunk is
-// one cp.async of 16 bytes (zero-filled past the edge); otherwise elements are loaded one by one.
-template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED>
+// Streams ROWS x COLS tiles (COLS contiguous) of a row-major matrix with `rows` x `cols`
+// elements and leading dimension `ld` into swizzled shared tiles, one k tile per call; elements
+// past the matrix are zero. K_IN_ROWS: successive k tiles are ROWS further down (an M/N-major
+// operand), else COLS further right (K-major). Thread t owns chunk column t % kCPR and rows
+// t / kCPR + i * kRowsPerIter: everything but two 64-bit adds and two compares per chunk is
+// computed once, in init(). ALIGNED: cols and ld are multiples of 8 and the base is 16-byte
+// aligned, so every chunk is one cp.async of 16 bytes (zero-filled past the edge); otherwise
+// elements are loaded one by one. Sizes are below 2^31 (the FFI handler checks).
+template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, bool K_IN_ROWS>
 struct TileLoader {
   static constexpr int kCPR = COLS / 8;
-  static constexpr int kChunks = ROWS * kCPR;
-  static constexpr int kIters = kChunks / THREADS;
-  static_assert(kChunks % THREADS == 0, "chunks must divide evenly among threads");
+  static constexpr int kRowsPerIter = THREADS / kCPR;
+  static constexpr int kIters = ROWS / kRowsPerIter;
+  static_assert(THREADS % kCPR == 0 && ROWS % kRowsPerIter == 0,
+                "chunks must divide evenly among threads");
+  static_assert(kRowsPerIter % 8 == 0, "every iteration's rows must share one swizzle pattern");
 
-  __device__ __forceinline__ static void load(uint32_t smem_tile, const T* __restrict__ g,
-                                              int64_t rows, int64_t cols, int64_t ld, int64_t r0,
-                                              int64_t c0, int tid) {
+  const T* base;     // the matrix (a valid address for zero-filled chunks)
+  const T* g;        // this thread's chunk, iteration 0, current k tile
+  int64_t iter_step;  // elements between iterations (kRowsPerIter rows)
+  int64_t tile_step;  // elements between k tiles
+  int rows_left;      // rows of the matrix from this thread's iteration-0 row on (may be <= 0)
+  int cols_left;      // columns of the matrix from this thread's chunk on (may be <= 0)
+  uint32_t dst;       // byte offset of this thread's iteration-0 chunk in a tile
+
+  __device__ __forceinline__ void init(const T* m, int64_t rows, int64_t cols, int64_t ld,
+                                       int64_t r0, int64_t c0, int tid) {
+    const int r = tid / kCPR, ch = tid % kCPR;
+    base = m;
+    g = m + (r0 + r) * ld + c0 + ch * 8;
+    iter_step = int64_t(kRowsPerIter) * ld;
+    tile_step = K_IN_ROWS ? int64_t(ROWS) * ld : int64_t(COLS);
+    rows_left = static_cast<int>(rows - r0 - r);
+    cols_left = static_cast<int>(cols - c0 - ch * 8);
+    dst = swizzle_chunk<kCPR>(r, ch) * 16;
+  }
+
+  // Copies the current k tile into the tile at shared address `tile`, then moves to the next.
+  __device__ __forceinline__ void load_next(uint32_t tile) {
+    const T* src = g;
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int id = tid + i * THREADS;
-      const int r = id / kCPR, ch = id % kCPR;
-      const int64_t gr = r0 + r, gc = c0 + ch * 8;
-      const uint32_t dst = smem_tile + swizzle_chunk<kCPR>(r, ch) * 16;
+    for (int i = 0; i < kIters; ++i, src += iter_step) {
+      const uint32_t d = tile + dst + i * (kRowsPerIter * kCPR * 16);
+      const bool row_ok = i * kRowsPerIter < rows_left;
       if constexpr (ALIGNED) {
-        const bool ok = gr < rows && gc < cols;
-        const T* src = ok ? g + gr * ld + gc : g;
-        ptx::cp_async_cg_16_zfill(dst, src, ok ? 16u : 0u);
+        const bool ok = row_ok && cols_left > 0;
+        ptx::cp_async_cg_16_zfill(d, ok ? src : base, ok ? 16u : 0u);
       } else {
         union {
           T e[8];
           uint32_t w[4];
         } v;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const bool ok = gr < rows && gc + e < cols;
-          v.e[e] = ok ? g[gr * ld + gc + e] : T(0.0f);
-        }
-        ptx::st_shared_v4_b32(dst, v.w);
+        for (int e = 0; e < 8; ++e) v.e[e] = row_ok && e < cols_left ? src[e] : T(0.0f);
+        ptx::st_shared_v4_b32(d, v.w);
       }
     }
+    g += tile_step;
+    if constexpr (K_IN_ROWS) rows_left -= ROWS;
+    else cols_left -= COLS;
   }
 };
 
@@ -221,21 +245,28 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   const int64_t a_rows = A_KMAJOR ? p.m : p.k, a_cols = A_KMAJOR ? p.k : p.m;
   const int64_t b_rows = B_KMAJOR ? p.n : p.k, b_cols = B_KMAJOR ? p.k : p.n;
   using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
-                           Tr::kThreads, ALIGNED>;
+                           Tr::kThreads, ALIGNED, !A_KMAJOR>;
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
-                           Tr::kThreads, ALIGNED>;
+                           Tr::kThreads, ALIGNED, !B_KMAJOR>;
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
-  const int ktiles = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+  // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles).
+  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
+  const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
+  const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
 
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
-    const T* a = static_cast<const T*>(p.a) + z * p.stride_a;
-    const T* b = static_cast<const T*>(p.b) + z * p.stride_b;
-    auto load_stage = [&](int s, int kt) {
-      const int64_t k0 = int64_t(kt) * Tr::kBK;
-      LoadA::load(a_tile(s), a, a_rows, a_cols, a_cols, A_KMAJOR ? m0 : k0, A_KMAJOR ? k0 : m0, tid);
-      LoadB::load(b_tile(s), b, b_rows, b_cols, b_cols, B_KMAJOR ? n0 : k0, B_KMAJOR ? k0 : n0, tid);
+    LoadA load_a;
+    LoadB load_b;
+    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, a_cols,
+                A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
+    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, b_cols,
+                B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
+    auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
+      load_a.load_next(a_tile(s));
+      load_b.load_next(b_tile(s));
     };
 
     float acc[Tr::kMI][Tr::kNI][4];
@@ -249,7 +280,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     // Prologue: stages 0..S-2 in flight, one commit group each (empty past the last k tile).
 #pragma unroll
     for (int s = 0; s < Tr::kStages - 1; ++s) {
-      if (s < ktiles) load_stage(s, s);
+      if (s < ktiles) load_stage(s);
       ptx::cp_async_commit_group();
     }
     ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile 0 has landed
@@ -274,7 +305,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
                                 lane);
         if (kk == 0) {
           const int kt_load = kt + Tr::kStages - 1;
-          if (kt_load < ktiles) load_stage(kt_load % Tr::kStages, kt_load);
+          if (kt_load < ktiles) load_stage(kt_load % Tr::kStages);
           ptx::cp_async_commit_group();
         }
         const auto& f = frag[kk & 1];
@@ -291,7 +322,8 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
 
     char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
-    store_tile<CFG>(p, z * p.m * p.n, acc, stage, m0 + wm0, n0 + wn0, lane);
+    store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
+                    n0 + wn0, lane);
     __syncthreads();  // staging area is the next batch item's pipeline
   }
 }

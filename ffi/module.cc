@@ -8,6 +8,7 @@
 
 #include "gemm_config.h"
 #include "gemm_ffi.h"
+#include "gemm_params.h"
 
 namespace nb = nanobind;
 
@@ -19,8 +20,9 @@ NB_MODULE(_tcgemm, m) {
     return d;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
   m.def("config_names", []() {
-    std::vector<std::string> names;
-    for (const auto& c : tcgemm::kConfigs) names.push_back(tcgemm::ConfigName(c));
-    return names;
+    const auto& names = tcgemm::ConfigNames();
+    return std::vector<std::string>(names.begin(), names.end());
   }, "Names of the compiled kernel configs, in table order.");
+  m.def("max_split_k", []() { return tcgemm::kMaxSplitK; },
+        "Most K slices of a split-K product that the handler accepts.");
 }

@@ -138,15 +138,14 @@ def time_fn(fn, args, reps: int, warmup: int = 2) -> float:
 
 
 def config_id(case: Case) -> str:
-    """jax_tcgemm.configs.select(m, n, k, batch, dtype, layout), or 'n/a' where unavailable."""
+    """The config tcgemm runs `case` with (autotune.plan: the cost model's choice, or the
+    tuned one), with ' split_k=S' when K is split; 'n/a' where unavailable."""
     try:
         import jax.numpy as jnp
-        from jax_tcgemm import configs
-        select = getattr(configs, "select", None)
-        if select is None:
-            return "n/a"
-        c = select(case.m, case.n, case.k, case.batch, jnp.dtype(case.dtype), case.layout)
-        return str(getattr(c, "name", c))
+        from jax_tcgemm import autotune
+        name, split = autotune.plan(case.m, case.n, case.k, case.batch, jnp.dtype(case.dtype),
+                                    case.layout)
+        return name + (f" split_k={split}" if split > 1 else "")
     except Exception:
         return "n/a"
 
@@ -394,6 +393,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="add a custom case (repeatable); replaces the suites")
     p.add_argument("--no-barrier", action="store_true",
                    help="no optimization_barrier per product (lets XLA merge the jnp.dot side)")
+    p.add_argument("--autotune", action="store_true",
+                   help="tcgemm uses autotuned configs (jax_tcgemm.autotune) instead of the model")
     p.add_argument("--force", action="store_true",
                    help="time even without a GPU (meaningless numbers; to test the harness)")
     return p
@@ -434,6 +435,9 @@ def main(argv=None) -> int:
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
+    if args.autotune:
+        from jax_tcgemm import autotune
+        autotune.enable()
     dev = jax.devices()[0]
     mem_limit = (getattr(dev, "memory_stats", lambda: None)() or {}).get("bytes_limit")
     json_path = args.json or (os.path.join("benchmarks", "results", slug(dev.device_kind) + ".json")
@@ -449,7 +453,7 @@ def main(argv=None) -> int:
                         f"{'' if args.no_barrier else ', optimization_barrier per product'}; "
                         f"2 warm-up calls, {args.reps} timed calls per side interleaved, "
                         "perf_counter around call+block_until_ready, median"),
-            "argv": list(sys.argv[1:] if argv is None else argv)}
+            "argv": list(sys.argv[1:] if argv is None else argv), "autotune": args.autotune}
     print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {commit[:12]}"
           f"{' (dirty)' if dirty else ''}  memory limit "
           f"{'unknown' if not mem_limit else f'{mem_limit / 2**30:.1f} GiB'}  reps {args.reps}")

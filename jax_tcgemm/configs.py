@@ -48,15 +48,68 @@ CONFIGS: tuple[Config, ...] = tuple(
     Config(*map(int, m.groups())) for m in _ROW.finditer(_table_text()))
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
 
-_SMS = 132  # streaming multiprocessors of an H100/H200 SXM: one wave of 1-block-per-SM tiles
+_SMS = 132  # streaming multiprocessors of an H100/H200 SXM
+_REGS_PER_THREAD = 256  # the kernels are built to use up to 255 registers (+1 granule)
+_SMEM_PER_SM = 228 * 1024
+MAX_SPLIT_K = 64  # kMaxSplitK in ffi/gemm_params.h (a CPU test checks they agree)
+_MIN_K_PER_SPLIT = 512  # a K slice shorter than this spends too long in its pipeline prologue
+
+
+def blocks_per_sm(c: Config) -> int:
+    """Resident threadblocks of config c per SM (register- or shared-memory-bound)."""
+    threads = 32 * c.warps_m * c.warps_n
+    smem = max(c.stages * (c.bm + c.bn) * c.bk * 2, c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16))
+    return max(1, min(65536 // (threads * _REGS_PER_THREAD), _SMEM_PER_SM // (smem + 1024)))
+
+
+# Cost model of the selector (H100/H200 SXM class; autotune.py measures instead of guessing).
+_PEAK = 600e12  # FLOP/s of mma.sync on all SMs at full occupancy
+_BW = 3.0e12    # bytes/s of HBM
+_LAUNCH = 3e-6  # s, a second kernel launch (the split-K reduction)
+_PIPE_FILL = 3  # k tiles of latency before a block's first mma (prologue) and its epilogue
+
+
+def _rate(c: Config) -> float:
+    """Fraction of _PEAK that SMs full of config c reach: smaller warp tiles move more shared
+    memory per mma (64x64 warp tiles: 1, 32x32: about half)."""
+    warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
+    return min(1.0, 0.5 + 0.5 * warp_tile / 4096) * (1.0 if blocks_per_sm(c) * c.warps_m * c.warps_n >= 8 else 0.8)
+
+
+def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
+             elem_bytes: int = 2) -> float:
+    """Modelled seconds of config c with s K slices: whole waves of padded tiles at c's rate,
+    no faster than HBM moves the operands; plus the split-K workspace round trip."""
+    slots = _SMS * blocks_per_sm(c)
+    blocks = c.tiles(m, n) * batch * s
+    kt = math.ceil(math.ceil(k / c.bk) / s)
+    t_wave = (kt + _PIPE_FILL) * c.bk * 2 * c.bm * c.bn * slots / (_PEAK * _rate(c))
+    t_mem = batch * (m * k + k * n + m * n) * elem_bytes / _BW
+    t = max(math.ceil(blocks / slots) * t_wave, t_mem)
+    if s > 1:
+        t += s * batch * m * n * 4 * 2 / _BW + _LAUNCH
+    return t
+
+
+def splits(c: Config, k: int) -> range:
+    """K slice counts worth trying for config c: 1 up to 16, each slice at least 512 of K."""
+    return range(1, max(1, min(MAX_SPLIT_K, 16, k // _MIN_K_PER_SPLIT)) + 1)
+
+
+def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):
+    """(config name, split_k) for a (batch x) M x N x K product: the pair of least modelled
+    time (ties: the earlier config of the table, then fewer slices)."""
+    del dtype, layout  # same model for both input types and all layouts (for now)
+    best = min(((estimate(c, s, m, n, k, batch), i, s)
+                for i, c in enumerate(CONFIGS) for s in splits(c, k)))
+    return CONFIGS[best[1]].name, best[2]
 
 
 def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN") -> str:
-    """Name of the config for a (batch x) M x N x K product: the largest tile that still gives
-    about a wave of threadblocks."""
-    del k, dtype, layout  # the heuristic depends on the output tiling only (for now)
-    by_area = sorted(CONFIGS, key=lambda c: c.bm * c.bn, reverse=True)
-    for c in by_area[:-1]:
-        if c.tiles(m, n) * batch >= _SMS * 0.9:
-            return c.name
-    return by_area[-1].name
+    """Name of the config plan() picks."""
+    return plan(m, n, k, batch, dtype, layout)[0]
+
+
+def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
+    """Best K slices for a given config c (by the same model)."""
+    return min(splits(c, k), key=lambda s: (estimate(c, s, m, n, k, batch), s))

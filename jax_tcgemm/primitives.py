@@ -4,11 +4,14 @@ Operands are rank 3:  a is (Ba, M, K), or (Ba, K, M) with transpose_a;  b is (Bb
 (Bb, N, K) with transpose_b;  Ba and Bb are the result's batch B or 1 (a batch-1 operand is
 shared by the whole batch: stride 0 in the kernel, never materialised). The result is
 (B, M, N) of `out_dtype`. Params: transpose_a, transpose_b (bool), out_dtype (numpy dtype),
-config (a name from configs.CONFIGS).
+config (a name from configs.CONFIGS), split_k (K slices summed in float32 in a fixed order;
+the CUDA lowering adds the float32 workspace they need as a second, discarded result).
 """
 from __future__ import annotations
 
 import functools
+import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +20,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi, configs
+from . import _ffi, autotune, configs
 
 tcgemm_p = Primitive("tcgemm")
 
@@ -33,20 +36,26 @@ def _dims(a_shape, b_shape, transpose_a, transpose_b):
     return batch, m, n, ka, kb
 
 
-def tcgemm(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None, config=None):
-    """Binds tcgemm_p; out_dtype defaults to the operands' dtype, config to configs.select."""
+def tcgemm(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None, config=None,
+           split_k=None):
+    """Binds tcgemm_p. out_dtype defaults to the operands' dtype; config and split_k to
+    autotune.plan for the shapes (configs.plan's cost model unless autotuning is on); a given
+    config runs with split_k = 1 unless split_k is given too."""
     out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
     if config is None and np.ndim(a) == 3 and np.ndim(b) == 3:
         bt, m, n, k, _ = _dims(a.shape, b.shape, transpose_a, transpose_b)
-        config = configs.select(m, n, k, bt, a.dtype, configs.layout_name(transpose_a, transpose_b))
+        config, planned = autotune.plan(m, n, k, bt, a.dtype,
+                                        configs.layout_name(transpose_a, transpose_b))
+        split_k = planned if split_k is None else split_k
     return tcgemm_p.bind(a, b, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
-                         out_dtype=out_dtype, config=config)
+                         out_dtype=out_dtype, config=config,
+                         split_k=1 if split_k is None else operator.index(split_k))
 
 
 # ---------------------------------------------------------------------------------------------
 # Abstract evaluation: the one place that validates.
 
-def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, config):
+def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, config, split_k):
     desc = (f"a{tuple(a.shape)} {a.dtype} transpose_a={transpose_a}, "
             f"b{tuple(b.shape)} {b.dtype} transpose_b={transpose_b}")
     if a.ndim != 3 or b.ndim != 3:
@@ -62,22 +71,31 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, config):
         raise ValueError(f"tcgemm: batch sizes must be equal or 1: {desc}")
     if config not in configs.BY_NAME:
         raise ValueError(f"tcgemm: unknown config {config!r}; known: {sorted(configs.BY_NAME)}")
+    if not 1 <= split_k <= configs.MAX_SPLIT_K:
+        raise ValueError(f"tcgemm: split_k must be in [1, {configs.MAX_SPLIT_K}]; got {split_k}")
     return jax.core.ShapedArray((bt, m, n), np.dtype(out_dtype))
 
 
 # ---------------------------------------------------------------------------------------------
 # Lowerings: the FFI custom call on CUDA; lax.dot_general everywhere else.
 
-def _cuda_lowering(ctx, a, b, *, transpose_a, transpose_b, out_dtype, config):
+def _cuda_lowering(ctx, a, b, *, transpose_a, transpose_b, out_dtype, config, split_k):
     del out_dtype  # the result buffer's type
     _ffi.require()
-    return jax.ffi.ffi_lowering(_ffi.TARGET)(ctx, a, b, transpose_a=transpose_a,
-                                             transpose_b=transpose_b, config=config)
+    (out,) = ctx.avals_out
+    # Split-K partials live in a float32 workspace: a second result of the call (command
+    # buffers allow no scratch allocation inside the handler), dropped here.
+    ws = jax.core.ShapedArray((split_k * math.prod(out.shape) if split_k > 1 else 0,),
+                              np.dtype(np.float32))
+    c, _ = jax.ffi.ffi_lowering(_ffi.TARGET)(
+        ctx.replace(avals_out=[out, ws]), a, b, transpose_a=transpose_a,
+        transpose_b=transpose_b, config=config, split_k=np.int64(split_k))
+    return [c]
 
 
-def reference(a, b, *, transpose_a, transpose_b, out_dtype, config=None):
+def reference(a, b, *, transpose_a, transpose_b, out_dtype, config=None, split_k=1):
     """tcgemm_p's semantics in lax: float32 accumulation, rounded once to out_dtype."""
-    del config
+    del config, split_k
     bt = b.shape[0] if a.shape[0] == 1 else a.shape[0]
     a = jnp.broadcast_to(a, (bt,) + a.shape[1:])
     b = jnp.broadcast_to(b, (bt,) + b.shape[1:])
@@ -93,7 +111,8 @@ _fallback_lowering = mlir.lower_fun(reference, multiple_results=False)
 # ---------------------------------------------------------------------------------------------
 # Batching: vmapped axes fold into the kernel's batch dimension (one launch).
 
-def _batch_rule(args, dims, *, transpose_a, transpose_b, out_dtype, config):
+def _batch_rule(args, dims, *, transpose_a, transpose_b, out_dtype, config, split_k):
+    del config, split_k  # re-planned for the batched shapes
     a, b = args
     da, db = dims
     v = a.shape[da] if da is not None else b.shape[db]
@@ -127,8 +146,8 @@ def _sum_to_batch(x, batch):
     return x if x.shape[0] == batch else jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
 
 
-def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, config):
-    del out_dtype, config
+def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, config, split_k):
+    del out_dtype, config, split_k
     a_aval = a.aval
     ct = ct.astype(a_aval.dtype)
     acc = jnp.float32 if a_aval.shape[0] != ct.shape[0] else a_aval.dtype
@@ -139,8 +158,8 @@ def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, config):
     return _sum_to_batch(da, a_aval.shape[0]).astype(a_aval.dtype)
 
 
-def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, config):
-    del out_dtype, config
+def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, config, split_k):
+    del out_dtype, config, split_k
     b_aval = b.aval
     ct = ct.astype(b_aval.dtype)
     acc = jnp.float32 if b_aval.shape[0] != ct.shape[0] else b_aval.dtype
@@ -161,7 +180,11 @@ def _jitted_impl(**params):
 
 tcgemm_p.def_impl(lambda a, b, **params: _jitted_impl(**params)(a, b))
 tcgemm_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(tcgemm_p, _fallback_lowering)
-mlir.register_lowering(tcgemm_p, _cuda_lowering, platform="cuda")
+# Over several devices the lowerings go through custom_partitioning (sharding.py), which
+# binds tcgemm_p again on the local shards; there they lower directly.
+from . import sharding  # noqa: E402  (it imports tcgemm_p, tcgemm and _dims from here)
+
+mlir.register_lowering(tcgemm_p, sharding.partitioned(_fallback_lowering))
+mlir.register_lowering(tcgemm_p, sharding.partitioned(_cuda_lowering), platform="cuda")
 batching.primitive_batchers[tcgemm_p] = _batch_rule
 ad.defbilinear(tcgemm_p, _transpose_a, _transpose_b)

@@ -100,6 +100,38 @@ def test_extension_config_names_match_python_table():
     if not _ffi.available():
         pytest.skip(f"CUDA extension not built: {_ffi._LOAD_ERROR}")
     assert _ffi.config_names() == [c.name for c in configs.CONFIGS]
+    assert _ffi._tcgemm.max_split_k() == configs.MAX_SPLIT_K
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (16, 11008, 4096, 1), (128, 4096, 11008, 1), (16, 8192, 28672, 1), (8192, 8192, 8192, 1),
+    (4096, 4096, 4096, 1), (256, 256, 256, 64), (64, 64, 65536, 1), (5, 7, 0, 1)], ids=str)
+def test_plan_split_k(m, n, k, batch):
+    """Skinny long-K products split K, tile-rich ones do not, and every slice is >= 512 deep."""
+    name, split = configs.plan(m, n, k, batch)
+    c = configs.BY_NAME[name]
+    assert 1 <= split <= min(16, configs.MAX_SPLIT_K) and split in configs.splits(c, k)
+    slots = 132 * configs.blocks_per_sm(c)  # resident blocks of a full wave
+    if c.tiles(m, n) * batch >= slots:
+        assert split == 1, (name, split)
+    elif 2 * c.tiles(m, n) * batch <= slots and k >= 4096:
+        assert split > 1, (name, split)
+
+
+def test_autotune_off_by_default_uses_model(monkeypatch, tmp_path):
+    from jax_tcgemm import autotune
+    monkeypatch.delenv("JAX_TCGEMM_AUTOTUNE", raising=False)
+    monkeypatch.setenv("JAX_TCGEMM_CACHE_DIR", str(tmp_path))
+    assert not autotune.enabled()
+    assert autotune.plan(16, 4096, 4096, 1, F16, "NN") == configs.plan(16, 4096, 4096, 1)
+    monkeypatch.setenv("JAX_TCGEMM_AUTOTUNE", "1")
+    assert autotune.enabled()  # on CPU it still answers with the model and times nothing
+    assert autotune.plan(16, 4096, 4096, 1, F16, "NN") == configs.plan(16, 4096, 4096, 1)
+    assert not (tmp_path / "autotune.json").exists()
+    cands = autotune.candidates(16, 4096, 4096)
+    assert ("sm80_64x64x32_s4_w2x2", 1) in cands and len(set(cands)) == len(cands)
+    assert all(c in configs.BY_NAME and s in configs.splits(configs.BY_NAME[c], 4096)
+               for c, s in cands)
 
 
 def test_extension_missing_is_reported():
@@ -176,9 +208,9 @@ def h(*shape, dt=F16):
     return jnp.ones(shape, dt)
 
 
-def bind(a, b, *, ta=False, tb=False, out_dtype=F16, config=CFG0):
+def bind(a, b, *, ta=False, tb=False, out_dtype=F16, config=CFG0, split_k=1):
     return tcgemm_p.bind(a, b, transpose_a=ta, transpose_b=tb, out_dtype=np.dtype(out_dtype),
-                         config=config)
+                         config=config, split_k=split_k)
 
 
 DG_NN = (((1,), (0,)), ((), ()))
@@ -221,6 +253,10 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
     ("bind_mixed_dtypes", lambda: bind(h(1, 4, 8), h(1, 8, 3, dt=BF16)), TypeError,
      r"float16.*bfloat16"),
     ("bind_float32_in", lambda: bind(h(1, 4, 8, dt=F32), h(1, 8, 3, dt=F32)), TypeError, "float32"),
+    ("bind_split_k_0", lambda: bind(h(1, 4, 8), h(1, 8, 3), split_k=0), ValueError,
+     r"split_k must be in \[1, 64\]; got 0"),
+    ("bind_split_k_too_many", lambda: bind(h(1, 4, 8), h(1, 8, 3), split_k=65), ValueError,
+     r"split_k must be in \[1, 64\]; got 65"),
     ("bind_unknown_config", lambda: bind(h(1, 4, 8), h(1, 8, 3), config="nope"), ValueError,
      r"'nope'.*sm80_"),
     ("bind_batch_2_vs_3", lambda: bind(h(2, 4, 8), h(3, 8, 3)), ValueError,
@@ -228,6 +264,27 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
     ("bind_K_mismatch_transposed", lambda: bind(h(1, 8, 4), h(1, 8, 3), ta=True, tb=True),
      ValueError, r"8 vs 3"),
     ("bind_out_int32", lambda: bind(h(1, 4, 8), h(1, 8, 3), out_dtype=np.int32), TypeError, "int32"),
+    # issue 5: more ranks, unsupported dtypes, non-arrays, dimension numbers and out dtypes
+    ("bind_rank4", lambda: bind(h(1, 1, 4, 8), h(1, 8, 3)), ValueError, r"rank 3.*\(1, 1, 4, 8\)"),
+    ("bind_int8_in", lambda: bind(h(1, 4, 8, dt=np.int8), h(1, 8, 3, dt=np.int8)), TypeError,
+     r"int8"),
+    ("bind_bool_in", lambda: bind(h(1, 4, 8, dt=np.bool_), h(1, 8, 3, dt=np.bool_)), TypeError,
+     r"bool"),
+    ("bind_out_float64", lambda: bind(h(1, 4, 8), h(1, 8, 3), out_dtype=np.float64), TypeError,
+     "float64"),
+    ("matmul_none", lambda: tg.matmul(None, h(8, 3)), TypeError, r"NoneType"),
+    ("matmul_dict", lambda: tg.matmul(h(4, 8), {"b": 1}), TypeError, r"dict"),
+    ("matmul_out_unknown_dtype", lambda: tg.matmul(h(4, 8), h(8, 3), out_dtype="float7"),
+     TypeError, r"float7"),
+    ("dg_shape_dtype_struct", lambda: tg.dot_general(S((4, 8), F16), h(8, 3), DG_NN), TypeError,
+     r"ShapeDtypeStruct"),
+    ("dg_rank0_contracting", lambda: tg.dot_general(h(), h(8), (((0,), (0,)), ((), ()))),
+     ValueError, r"out of range.*shape \(\)"),
+    ("dg_dims_float", lambda: tg.dot_general(h(4, 8), h(8, 3), (((1.0,), (0,)), ((), ()))),
+     TypeError, r"\(1\.0,\)"),
+    ("dg_pet_complex64", lambda: tg.dot_general(h(4, 8), h(8, 3), DG_NN,
+                                                preferred_element_type=jnp.complex64),
+     TypeError, r"complex64"),
 ]
 
 
@@ -352,6 +409,18 @@ def test_cuda_lowering_text(emit_without_extension, ta, tb, out_dtype, mlir_t):
     assert call["config"] == cfg
     assert f"tensor<2x5x3x{mlir_t}>" in call["line"]
     assert "dot_general" not in text
+
+
+def test_cuda_lowering_split_k_workspace(emit_without_extension):
+    """split_k > 1: the call gets a float32 workspace result of split_k * B * M * N."""
+    cfg = configs.CONFIGS[-1].name
+    f = lambda x, y: tcgemm(x, y, out_dtype=BF16, config=cfg, split_k=3)
+    (call,) = custom_calls(cuda_text(f, h(2, 5, 9), h(1, 9, 3)))
+    assert "split_k = 3" in call["line"]
+    assert "tensor<2x5x3xbf16>, tensor<90xf32>" in call["line"]
+    f1 = lambda x, y: tcgemm(x, y, config=cfg, split_k=1)
+    (call,) = custom_calls(cuda_text(f1, h(2, 5, 9), h(1, 9, 3)))
+    assert "tensor<0xf32>" in call["line"]
 
 
 def test_cuda_lowering_grad_and_vmap(emit_without_extension):

@@ -43,7 +43,8 @@ LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, tran
 LNAME = configs.layout_name
 CONFIG_NAMES = [c.name for c in configs.CONFIGS]
 
-_tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config"))
+_tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config",
+                                        "split_k"))
 
 
 def make(tag, m, n, k, dtype, ba=1, bb=1):
@@ -83,8 +84,9 @@ def run(fn, *args, out_shape, out_dtype):
 
 
 def check_all(a, b, ref, layouts, out_dtypes, configs_=(None,), what=""):
-    """Runs tcgemm on (a, b) stored in each layout, for each out dtype and config; collects
-    every failure before asserting."""
+    """Runs tcgemm on (a, b) stored in each layout, for each out dtype and config (a name, None
+    for the planner's choice, or a (name, split_k) pair); collects every failure before
+    asserting."""
     k = a.shape[2]
     bt, m, n = ref.shape
     fails, stored = [], {}
@@ -93,8 +95,10 @@ def check_all(a, b, ref, layouts, out_dtypes, configs_=(None,), what=""):
             if (key, t) not in stored:
                 stored[key, t] = put(x, t)
         sa, sb = stored["a", ta], stored["b", tb]
-        fn = lambda x, y: _tc(x, y, transpose_a=ta, transpose_b=tb, out_dtype=od, config=cfg)  # noqa: E731,B023
-        case = f"{what} {LNAME(ta, tb)} {a.dtype}->{od} {cfg or 'auto'}"
+        name, split = cfg if isinstance(cfg, tuple) else (cfg, None)
+        fn = lambda x, y: _tc(x, y, transpose_a=ta, transpose_b=tb, out_dtype=od, config=name,  # noqa: E731,B023
+                              split_k=split)  # noqa: B023
+        case = f"{what} {LNAME(ta, tb)} {a.dtype}->{od} {name or 'auto'} split_k={split}"
         try:
             out = run(fn, sa, sb, out_shape=(bt, m, n), out_dtype=od)
         except AssertionError as e:
@@ -136,6 +140,26 @@ def test_large_shapes(m, n, k, dtype, out_dtype):
 def test_every_config(config, m, n, k, dtype):
     a, b, ref = make("cfg", m, n, k, dtype)
     check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=(config,), what=f"{m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("m,n,k,ba,bb", [(16, 4096, 4096, 1, 1), (33, 517, 2001, 1, 1),
+                                         (130, 260, 1000, 3, 1), (64, 72, 4104, 2, 2)], ids=str)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_split_k(m, n, k, ba, bb, dtype):
+    """Split-K (K slices summed in float32 by the reduction kernel) for every config, slice
+    counts that do and do not divide the k tiles, more slices than k tiles, and batches."""
+    a, b, ref = make("splitk", m, n, k, dtype, ba, bb)
+    plans = [(c, s) for c in CONFIG_NAMES for s in (2, 5, 16)] + [(CONFIG_NAMES[-1], 64)]
+    check_all(a, b, ref, LAYOUTS if m < 100 else [(False, False), (True, True)],
+              (dtype, F32), configs_=plans, what=f"{ba}x{m}x{n}x{k}")
+
+
+def test_planner_splits_skinny_products():
+    """The cost model splits K when M is small and K long, and the result is right."""
+    name, split = configs.plan(16, 4096, 11008, 1, F16, "NN")
+    assert split > 1, (name, split)
+    a, b, ref = make("plan", 16, 4096, 11008, F16)
+    check_all(a, b, ref, [(False, False)], (F16, F32), configs_=((name, split), None))
 
 
 @pytest.mark.parametrize("ba,bb", [(5, 5), (1, 5), (5, 1)], ids=["5x5", "1x5", "5x1"])

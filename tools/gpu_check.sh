@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, kernel self-test, GPU tests, benchmark. Logs under $OUT.
 #   usage: tools/gpu_check.sh [bench args...]      (default bench args: --quick)
+#   env: TCGEMM_WHEEL=path.whl installs that wheel instead of building; TESTS="tests/a.py ..."
+#        picks the GPU tests; SKIP_SELFTEST=1 skips the standalone kernel self-test.
 # The GPU machine is offline: the build uses what its python3 already has.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,10 +15,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 
 echo "== build"
 t0=$(date +%s)
-if ! python3 -m pip install --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1; then
+if [ -n "${TCGEMM_WHEEL:-}" ]; then  # a wheel built elsewhere from this tree (saves GPU time)
+  cmd=(python3 -m pip install --no-deps --force-reinstall "$TCGEMM_WHEEL")
+else
+  cmd=(python3 -m pip install --no-build-isolation --no-deps .)
+fi
+if ! "${cmd[@]}" >"$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"; exit 1
 fi
-echo "built in $(( $(date +%s) - t0 )) s"
+echo "installed (${cmd[*]}) in $(( $(date +%s) - t0 )) s"
 cd /tmp  # import the installed package, not the source tree
 so=$(python3 -c "import jax_tcgemm._tcgemm as m; print(m.__file__)") || exit 1
 cuobjdump --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
@@ -31,7 +38,9 @@ if [ "${SKIP_SELFTEST:-0}" != 1 ]; then
 fi
 
 echo "== GPU tests"
-python3 -m pytest "$REPO/tests" -q -p no:cacheprovider -m gpu -rs 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+# TESTS: test files or node ids relative to the repository (default: all of tests/)
+read -r -a tests <<<"${TESTS:-tests}"
+python3 -m pytest "${tests[@]/#/$REPO/}" -q -p no:cacheprovider -m gpu -rs 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== benchmark"

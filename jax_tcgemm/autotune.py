@@ -1,0 +1,168 @@
+"""Autotuning: time every (config, split_k) candidate for a new problem once, keep the fastest.
+
+Off by default (the selector's cost model in configs.plan decides). Turn it on with the
+environment variable ``JAX_TCGEMM_AUTOTUNE=1`` or ``jax_tcgemm.autotune.enable()``. Then the
+first trace of a problem (GPU name, batch x M x N x K, dtype, layout) on a GPU times the
+candidates with the benchmark's harness (bench.py: R distinct A's per call, medians after
+warm-up) and caches the winner persistently as JSON in
+``$JAX_TCGEMM_CACHE_DIR/autotune.json`` (default ``$XDG_CACHE_HOME/jax_tcgemm`` or
+``~/.cache/jax_tcgemm``). Tuning happens in Python while tracing, before lowering, never
+inside the FFI handler (XLA command buffers record the handler's launches).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import statistics
+import threading
+
+import numpy as np
+
+from . import configs
+
+_ENV = "JAX_TCGEMM_AUTOTUNE"
+_lock = threading.Lock()
+_enabled: bool | None = None  # None: follow the environment variable
+_cache: dict | None = None
+
+
+def enable(on: bool = True) -> None:
+    """Turn autotuning on (or off) for this process, overriding JAX_TCGEMM_AUTOTUNE."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def enabled() -> bool:
+    if _enabled is not None:
+        return _enabled
+    return os.environ.get(_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_path() -> pathlib.Path:
+    root = os.environ.get("JAX_TCGEMM_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "jax_tcgemm")
+    return pathlib.Path(root) / "autotune.json"
+
+
+def key(device_kind: str, m: int, n: int, k: int, batch: int, dtype, layout: str) -> str:
+    return f"{device_kind}|{batch}x{m}x{n}x{k}|{np.dtype(dtype).name}|{layout}"
+
+
+def _load() -> dict:
+    global _cache
+    if _cache is None:
+        try:
+            _cache = json.loads(cache_path().read_text())
+        except (OSError, ValueError):
+            _cache = {}
+    return _cache
+
+
+def _store(k: str, entry: dict) -> None:
+    cache = _load()
+    cache[k] = entry
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:  # read-only home: keep the result for this process only
+        pass
+
+
+def candidates(m: int, n: int, k: int, batch: int = 1) -> list[tuple[str, int]]:
+    """Every config with split 1, its modelled best split, and powers of two up to 16."""
+    out = []
+    for c in configs.CONFIGS:
+        allowed = set(configs.splits(c, k))
+        for s in sorted({1, configs.split_k(c, m, n, k, batch), 2, 4, 8, 16} & allowed):
+            out.append((c.name, s))
+    return out
+
+
+def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 7,
+            cands=None) -> list[dict]:
+    """Median seconds per product of each candidate, on the default device: rows
+    {config, split_k, seconds}, fastest first. Runs eagerly even when called while tracing."""
+    import jax
+    from . import bench
+    from .primitives import tcgemm
+
+    ta, tb = layout[0] == "T", layout[1] == "T"
+    flops = 2 * m * n * k * batch
+    r = min(bench.MAX_R, max(1, round(0.25e12 / max(flops, 1))))
+    with jax.ensure_compile_time_eval():
+        keys = jax.random.split(jax.random.key(1), r + 1)
+        rand = bench._rand_fn()
+        a_shape = (batch, k, m) if ta else (batch, m, k)
+        b_shape = (batch, n, k) if tb else (batch, k, n)
+        a_list = tuple(rand(keys[i], a_shape, np.dtype(dtype), 1.0) for i in range(r))
+        b = rand(keys[r], b_shape, np.dtype(dtype), 1.0 / math.sqrt(max(k, 1)))
+        fns = {}
+        for name, s in (cands or candidates(m, n, k, batch)):
+            op = (lambda x, y, name=name, s=s:
+                  tcgemm(x, y, transpose_a=ta, transpose_b=tb, config=name, split_k=s))
+            fns[(name, s)] = bench._harness(op, barrier=True)
+        times = bench.time_fns(fns, (a_list, b), reps)
+    rows = [{"config": c, "split_k": s, "seconds": statistics.median(t) / r}
+            for (c, s), t in times.items()]
+    return sorted(rows, key=lambda row: row["seconds"])
+
+
+def plan(m: int, n: int, k: int, batch: int, dtype, layout: str) -> tuple[str, int]:
+    """(config, split_k): the cached or freshly tuned winner when autotuning is on and a GPU
+    is the default backend; configs.plan's model otherwise."""
+    if not enabled() or m * n * k * batch == 0:
+        return configs.plan(m, n, k, batch, dtype, layout)
+    import jax
+    if jax.default_backend() != "gpu":
+        return configs.plan(m, n, k, batch, dtype, layout)
+    kk = key(jax.devices()[0].device_kind, m, n, k, batch, dtype, layout)
+    with _lock:
+        hit = _load().get(kk)
+        if hit is None or hit.get("config") not in configs.BY_NAME:
+            rows = measure(m, n, k, batch, dtype, layout)
+            hit = {"config": rows[0]["config"], "split_k": rows[0]["split_k"],
+                   "us": round(rows[0]["seconds"] * 1e6, 2),
+                   "model": list(configs.plan(m, n, k, batch, dtype, layout))}
+            _store(kk, hit)
+    return hit["config"], int(hit["split_k"])
+
+
+def main(argv=None) -> int:
+    """``python -m jax_tcgemm.autotune [--suite S] [--shape MxNxK] [--dtype D]``: time every
+    candidate of the benchmark's cases and print them beside the cost model's choice."""
+    import argparse
+
+    import jax
+    from . import bench
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--suite", default="llm")
+    p.add_argument("--shape", action="append", default=[])
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args(argv)
+    if jax.default_backend() != "gpu":
+        print("autotune: no GPU; nothing to time")
+        return 0
+    cs = ([c for spec in args.shape for c in bench.parse_shape(spec, (args.dtype,))]
+          or bench.cases(args.suite, (args.dtype,)))
+    for c in cs:
+        model = configs.plan(c.m, c.n, c.k, c.batch, c.dtype, c.layout)
+        rows = measure(c.m, c.n, c.k, c.batch, c.dtype, c.layout, reps=args.reps)
+        t_model = next(r["seconds"] for r in rows if (r["config"], r["split_k"]) == model)
+        print(f"{c.name} {c.batch}x{c.m}x{c.n}x{c.k} {c.dtype}: model {model[0]} k{model[1]} "
+              f"{c.flops / t_model / 1e12:.1f} TFLOP/s")
+        for r in rows[:6]:
+            print(f"    {r['config']:<26} k{r['split_k']:<3} {r['seconds'] * 1e6:9.1f} us "
+                  f"{c.flops / r['seconds'] / 1e12:7.1f} TFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
