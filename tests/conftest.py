@@ -13,10 +13,17 @@ from __future__ import annotations
 import hashlib
 import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# Several CPU devices for the sharding tests (tests/test_sharding.py). XLA reads this flag once,
+# when jax starts its backends, so it is set here, before anything imports jax, and appended to
+# flags the user set. It changes only the host (CPU) platform, never the GPUs.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=4").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 REQUIRE_GPU = os.environ.get("TCGEMM_REQUIRE_GPU", "") not in ("", "0")
 NO_GPU_REASON = f"no GPU: jax.default_backend() is {jax.default_backend()}"

@@ -1,0 +1,108 @@
+"""tcgemm inside XLA command buffers (CUDA graphs), forced on for custom calls (gpu test).
+
+XLA records runs of command-compatible ops into CUDA graphs ("command buffers"); custom
+calls join only when CUSTOM_CALL is among --xla_gpu_enable_command_buffer's types AND the FFI
+handler has the kCmdBufferCompatible trait (ours does: no scratch allocation, no host sync).
+XLA reads XLA_FLAGS once per process, so a subprocess runs with
+
+    --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL
+    --xla_gpu_graph_min_graph_size=1
+
+and (1) compiles 8 independent products in one jit, whose compiled HLO must hold our custom
+call inside a `command_buffer` computation, (2) runs them, a lax.scan of 30 products and a
+fori_loop of 30 dependent ones, and saves the results. A second subprocess runs the same
+programs with command buffers off (--xla_gpu_enable_command_buffer=): the graph replays must
+equal those runs bitwise (a replay with stale pointers or a missing launch would differ), and
+float32 jnp.dot / the float64 product within bounds.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tcgemm
+
+from conftest import assert_close, f64
+
+pytestmark = pytest.mark.gpu
+
+CMD_BUFFER_FLAGS = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,"
+                    "CONDITIONAL --xla_gpu_graph_min_graph_size=1")
+
+# The subprocesses' inputs and programs (python -c).
+PROGRAMS = r'''
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax_tcgemm.primitives import tcgemm
+F16, F32 = jnp.float16, jnp.float32
+rng = np.random.default_rng(20240611)
+A = jnp.asarray(rng.standard_normal((30, 96, 80), np.float32).astype(F16))
+B = jnp.asarray(rng.standard_normal((1, 80, 72), np.float32).astype(F16))
+W = jnp.asarray((rng.standard_normal((1, 80, 80), np.float32) / 9).astype(F16))
+
+@jax.jit
+def straight(A, B):   # 8 independent products: one run of commands
+    return jnp.stack([tcgemm(A[i][None], B, out_dtype=F32)[0] for i in range(8)])
+
+@jax.jit
+def scanned(A, B):    # 30 independent products in a while loop
+    return lax.scan(lambda c, a: (c, tcgemm(a[None], B, out_dtype=F32)[0]), 0, A)[1]
+
+@jax.jit
+def chained(x, W):    # 30 dependent products: x <- x @ W
+    return lax.fori_loop(0, 30, lambda i, x: tcgemm(x[None], W)[0], x)
+
+def run():
+    return {"straight": np.asarray(straight(A, B)), "scanned": np.asarray(scanned(A, B)),
+            "chained": np.asarray(chained(A[0], W).astype(F32))}
+'''
+
+CHILD = PROGRAMS + r'''
+import json, re, sys
+text = straight.lower(A, B).compile().as_text()
+comps = re.split(r"\n(?=\S)", text)  # one chunk per computation
+in_cb = [c.split("(")[0] for c in comps
+         if 'custom_call_target="tcgemm"' in c and "command_buffer" in c.split("\n")[0]]
+np.savez(sys.argv[1], **run(), A=np.asarray(A, np.float32), B=np.asarray(B, np.float32))
+print(json.dumps({"tcgemm_in_command_buffer": in_cb}))
+'''
+
+
+def _child(tmp_path, name, flags):
+    """Runs CHILD with `flags` appended to XLA_FLAGS; returns (its JSON line, its arrays)."""
+    out_file = tmp_path / f"{name}.npz"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
+    # The child imports the jax_tcgemm this process imported (installed or source tree).
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(jax_tcgemm.__file__).resolve().parents[1])] +
+        [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-P", "-c", CHILD, str(out_file)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), dict(np.load(out_file))
+
+
+def test_command_buffers_with_custom_calls(tmp_path):
+    info, graphs = _child(tmp_path, "graphs", CMD_BUFFER_FLAGS)
+    assert info["tcgemm_in_command_buffer"], (
+        f"no command_buffer computation holds the tcgemm custom call ({info}); is the FFI "
+        "handler registered with kCmdBufferCompatible?")
+    info_off, plain = _child(tmp_path, "plain", "--xla_gpu_enable_command_buffer=")
+    assert not info_off["tcgemm_in_command_buffer"]
+    for name in ("straight", "scanned", "chained"):
+        np.testing.assert_array_equal(graphs[name], plain[name], err_msg=name)
+    A, B = graphs["A"], graphs["B"]
+    dot32 = np.asarray(jnp.dot(jnp.asarray(A[:8].reshape(-1, 80)), jnp.asarray(B[0]),
+                               precision=jax.lax.Precision.HIGHEST)).reshape(8, 96, 72)
+    assert_close(graphs["straight"], dot32, np.float32, 80, "straight vs jnp.dot f32")
+    assert_close(graphs["straight"], np.matmul(f64(A[:8]), f64(B)), np.float32, 80, "straight")
+    assert_close(graphs["scanned"], np.matmul(f64(A), f64(B)), np.float32, 80, "scanned")
+    x = graphs["chained"]
+    assert np.isfinite(x).all() and np.abs(x).max() > 1e-3  # 30 float16 roundings: no f64 ref

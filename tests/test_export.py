@@ -1,0 +1,113 @@
+"""jax.export of tcgemm programs: serialized for CUDA anywhere (CPU tests, run in CI), run on a
+GPU after a serialize/deserialize round trip (gpu test), exported for CPU and run here.
+
+Our custom call is not one of jax's stable targets, so exporting for CUDA needs
+`disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("tcgemm")]`: the caller takes on
+the compatibility of the `tcgemm` FFI target (same jax_tcgemm build on both sides). Exports
+never contain custom_partitioning callbacks (they cannot be serialized): under export,
+tcgemm_p lowers directly even over several devices.
+"""
+import re
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_tcgemm as tg
+from jax_tcgemm import _ffi, configs
+
+from conftest import assert_close, f64, rand, ref64
+
+F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
+ALLOW_TCGEMM = [jax.export.DisabledSafetyCheck.custom_call(_ffi.TARGET)]
+
+
+@pytest.fixture
+def emit_without_extension(monkeypatch):  # lowering only emits the call: works without a build
+    monkeypatch.setattr(_ffi, "require", lambda: None)
+
+
+def export_cuda(f, *args):
+    return jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=ALLOW_TCGEMM)(*args)
+
+
+def round_trip(exp):
+    """serialize -> deserialize (jax needs the `flatbuffers` package for it)."""
+    pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
+    return jax.export.deserialize(exp.serialize())
+
+
+def tcgemm_calls(module_text):
+    return [line for line in module_text.splitlines() if "stablehlo.custom_call @tcgemm" in line]
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)], ids=["NN", "TT"])
+def test_export_for_cuda_round_trip(emit_without_extension, ta, tb):
+    a = jax.ShapeDtypeStruct((3, 40, 24) if ta else (3, 24, 40), BF16)
+    b = jax.ShapeDtypeStruct((1, 56, 40) if tb else (1, 40, 56), BF16)
+    f = partial(tg.primitives.tcgemm, transpose_a=ta, transpose_b=tb, out_dtype=F16)
+    exp = export_cuda(f, a, b)
+    back = round_trip(exp)
+    assert back.platforms == ("cuda",)
+    assert back.in_avals == exp.in_avals and back.out_avals[0].shape == (3, 24, 56)
+    assert back.out_avals[0].dtype == F16
+    (call,) = tcgemm_calls(back.mlir_module())
+    assert f"transpose_a = {str(ta).lower()}" in call and f"transpose_b = {str(tb).lower()}" in call
+    config = re.search(r'config = "([^"]+)"', call).group(1)
+    assert config in configs.BY_NAME
+    assert "tensor<3x24x56xf16>" in call and "CustomSPMDPartitioning" not in back.mlir_module()
+
+
+def test_export_for_cuda_needs_the_disabled_check(emit_without_extension):
+    x = jax.ShapeDtypeStruct((8, 16), F16)
+    with pytest.raises(ValueError, match="tcgemm"):
+        jax.export.export(jax.jit(tg.matmul), platforms=["cuda"])(x, x.update(shape=(16, 8)))
+
+
+def test_export_of_grad_for_cuda(emit_without_extension):
+    g = jax.value_and_grad(lambda a, b: tg.matmul(a, b, out_dtype=F32).sum(), argnums=(0, 1))
+    exp = export_cuda(g, jax.ShapeDtypeStruct((5, 7), F16), jax.ShapeDtypeStruct((7, 3), F16))
+    assert len(tcgemm_calls(round_trip(exp).mlir_module())) == 3
+
+
+def test_export_for_cpu_runs():
+    cpu = jax.devices("cpu")[0]  # also on a GPU machine: the export is for CPU
+    a = jax.device_put(rand(("exp-cpu-a",), (2, 33, 17), F16), cpu)
+    b = jax.device_put(rand(("exp-cpu-b",), (17, 9), F16), cpu)
+    exp = jax.export.export(jax.jit(partial(tg.matmul, out_dtype=F32)), platforms=["cpu"])(a, b)
+    back = round_trip(exp)
+    assert "custom_call @tcgemm" not in back.mlir_module()
+    out = back.call(a, b)
+    assert_close(out, ref64(a, b), F32, 17, "exported cpu")
+    np.testing.assert_array_equal(f64(out), f64(jax.jit(partial(tg.matmul, out_dtype=F32))(a, b)))
+
+
+def test_export_sharded_has_no_partitioning_callback():
+    """Over 4 CPU devices, the export lowers tcgemm_p directly (serializable) and runs."""
+    mesh = jax.make_mesh((4,), ("d",), devices=jax.devices("cpu")[:4])
+    a, b = rand(("exp-sh-a",), (4, 16, 24), F16), rand(("exp-sh-b",), (4, 24, 8), F16)
+    xa, xb = (jax.device_put(v, NamedSharding(mesh, P("d"))) for v in (a, b))
+    exp = jax.export.export(jax.jit(partial(tg.matmul, out_dtype=F32)), platforms=["cpu"])(xa, xb)
+    back = round_trip(exp)
+    assert back.nr_devices == 4 and "CustomSPMDPartitioning" not in back.mlir_module()
+    assert_close(jax.jit(back.call)(xa, xb), ref64(a, b), F32, 24, "exported sharded")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [F16, F32], ids=str)
+def test_export_for_cuda_runs_on_gpu(out_dtype):
+    """Export for CUDA, serialize, deserialize, call: bitwise equal to direct execution and
+    within bounds of the float64 reference."""
+    a, b = rand(("exp-gpu-a",), (3, 130, 70), F16), rand(("exp-gpu-b",), (3, 70, 90), F16)
+    f = jax.jit(partial(tg.matmul, out_dtype=out_dtype))
+    exp = export_cuda(f, a, b)
+    direct = f64(f(a, b))
+    np.testing.assert_array_equal(f64(exp.call(a, b)), direct)
+    back = round_trip(exp)
+    assert len(tcgemm_calls(back.mlir_module())) == 1
+    out = back.call(a, b)
+    np.testing.assert_array_equal(f64(out), direct)
+    assert_close(out, ref64(a, b), out_dtype, 70, "exported cuda")

@@ -1,0 +1,102 @@
+"""Two GPUs: a second device, two threads on two devices, and sharded jit over a 2-GPU mesh.
+
+Marked `gpu` (skipped off-GPU); skipped with the reason below on a machine with one GPU.
+The sharded cases are tests/test_sharding.py's, on GPUs: the compiled HLO must hold our
+custom call on the LOCAL shard shapes, no all-gather for batch/M/N sharding, and a float32
+all-reduce for K sharding; results match the float64 reference and the single-GPU result.
+"""
+import itertools
+import threading
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tcgemm as tg
+from jax_tcgemm.primitives import tcgemm
+
+from conftest import assert_close, f64, rand, ref64
+from test_sharding import KINDS, check_partitioned, sharded_case
+
+F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
+
+
+def _gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # no GPU backend at all
+        return []
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(len(_gpus()) < 2,
+                                 reason=f"needs 2 GPUs; {len(_gpus())} visible")]
+
+
+def test_second_device():
+    """Inputs placed on GPU 1: the kernel runs there and the output lives there."""
+    dev = _gpus()[1]
+    a, b = rand(("gpu1-a",), (2, 200, 136), F16), rand(("gpu1-b",), (136, 72), F16)
+    x, y = jax.device_put(a, dev), jax.device_put(b, dev)
+    for out_dtype in (F16, F32):
+        out = jax.jit(partial(tg.matmul, out_dtype=out_dtype))(x, y)
+        assert out.devices() == {dev}
+        assert_close(out, ref64(a, b), out_dtype, 136, f"GPU 1 {out_dtype}")
+
+
+def test_threads_on_two_devices():
+    """Two Python threads, each calling tcgemm 20 times on its own GPU with its own inputs."""
+    gpus = _gpus()[:2]
+    f = jax.jit(partial(tg.matmul, out_dtype=F32))
+    inputs = [[(rand(("thr-a", d, i), (96, 80), BF16), rand(("thr-b", d, i), (80, 64), BF16))
+               for i in range(20)] for d in range(2)]
+    results, errors = [[None] * 20 for _ in range(2)], []
+
+    def work(d):
+        try:
+            for i, (a, b) in enumerate(inputs[d]):
+                out = f(jax.device_put(a, gpus[d]), jax.device_put(b, gpus[d]))
+                results[d][i] = (out.block_until_ready(), out.devices())
+        except Exception as e:  # noqa: BLE001 (re-raised in the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for d in range(2):
+        for (a, b), (out, devices) in zip(inputs[d], results[d]):
+            assert devices == {gpus[d]}
+            assert_close(out, ref64(a, b), F32, 80, f"thread {d}")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2,), ("d",), devices=_gpus()[:2])
+
+
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)),
+                         ids=lambda v: "T" if v else "N")
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_jit_two_gpus(mesh, kind, ta, tb):
+    out, ref, text, local, _ = sharded_case(mesh, "d", kind, ta, tb, dtype=BF16, m=264,
+                                            n=136, k=520)
+    assert 'custom_call_target="tcgemm"' in text
+    check_partitioned(kind, text, local)
+    assert_close(out, ref, F32, 520, f"{kind} 2 GPUs")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_equals_single_gpu(mesh, kind):
+    """The sharded program equals the same product on one GPU (within the f16 bound; K
+    sharding sums in another order)."""
+    out, ref, _, _, (a, b) = sharded_case(mesh, "d", kind, out_dtype=F16, m=130, n=66, k=256)
+    one = _gpus()[0]
+    single = jax.jit(partial(tcgemm, out_dtype=F16))(jax.device_put(a, one),
+                                                     jax.device_put(b, one))
+    assert_close(out, f64(single), F16, 256, f"{kind} vs single GPU")
+    assert_close(out, ref, F16, 256, f"{kind} vs reference")
