@@ -67,6 +67,8 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, config, split_k
     bt, m, n, ka, kb = _dims(a.shape, b.shape, transpose_a, transpose_b)
     if ka != kb:
         raise ValueError(f"tcgemm: contracting sizes differ ({ka} vs {kb}): {desc}")
+    if max(m, n, ka) >= 2**31:
+        raise ValueError(f"tcgemm: M, N and K must each be below 2^31: {desc}")
     if a.shape[0] not in (1, bt) or b.shape[0] not in (1, bt):
         raise ValueError(f"tcgemm: batch sizes must be equal or 1: {desc}")
     if config not in configs.BY_NAME:
@@ -100,8 +102,10 @@ def reference(a, b, *, transpose_a, transpose_b, out_dtype, config=None, split_k
     a = jnp.broadcast_to(a, (bt,) + a.shape[1:])
     b = jnp.broadcast_to(b, (bt,) + b.shape[1:])
     dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
-    out = lax.dot_general(a, b, dn, precision=lax.Precision.HIGHEST,
-                          preferred_element_type=jnp.float32)
+    # float32 operands: half-precision products are exact in float32, and XLA:CPU has no
+    # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
+    out = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
+                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)
 
 

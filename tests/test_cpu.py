@@ -598,34 +598,6 @@ def test_jvp_and_vmap_of_grad_numerics():
 
 
 # ---------------------------------------------------------------------------------------------
-# Flax smoke.
-
-def test_flax_linen_dense():
-    nn = pytest.importorskip("flax.linen")
-    x = rand(11, (4, 3, 33), BF16)
-    kw = dict(features=17, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-    ref_mod, ours_mod = nn.Dense(**kw), nn.Dense(**kw, dot_general=tg.dot_general)
-    params = ref_mod.init(jax.random.PRNGKey(0), x)
-    params = jax.tree.map(lambda p: p + rand(12, p.shape, p.dtype, 0.1), params)  # non-zero bias
-    want, got = ref_mod.apply(params, x), ours_mod.apply(params, x)
-    assert got.shape == want.shape == (4, 3, 17) and got.dtype == want.dtype == BF16
-    assert rel_err(got, f64(want)) <= bound(BF16)
-    jx = jax.make_jaxpr(ours_mod.apply)(params, x)
-    assert len(prims(jx, "tcgemm")) == 1
-
-
-def test_flax_nnx_linear_passes_out_sharding():
-    nnx = pytest.importorskip("flax.nnx")
-    x = rand(13, (6, 24), F16)
-    kw = dict(dtype=jnp.float16, param_dtype=jnp.float16)
-    ref_mod = nnx.Linear(24, 10, rngs=nnx.Rngs(0), **kw)
-    ours_mod = nnx.Linear(24, 10, rngs=nnx.Rngs(0), dot_general=tg.dot_general, **kw)
-    want, got = ref_mod(x), ours_mod(x)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    assert rel_err(got, f64(want)) <= bound(F16)
-
-
-# ---------------------------------------------------------------------------------------------
 # Zero sizes, and a known limitation (strict xfail: a fix turns it into an XPASS failure).
 
 @pytest.mark.parametrize("a_shape,b_shape", [((5, 0), (0, 6)), ((2, 5, 0), (2, 0, 6)),

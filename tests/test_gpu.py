@@ -367,14 +367,3 @@ def test_einsum(spec, ls, rs):
         assert out.dtype == (F16 if pet is None else F32)
         assert_close(out, np.einsum(spec, f64(x), f64(y)), out.dtype, 96, spec)
 
-
-def test_flax_dense_on_gpu():
-    nn = pytest.importorskip("flax.linen")
-    rng = np.random.default_rng(seed_of("flax"))
-    x = jnp.asarray(rng.standard_normal((8, 129, 300), np.float32).astype(BF16))
-    kw = dict(features=257, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-    params = nn.Dense(**kw).init(jax.random.PRNGKey(0), x)
-    want = jax.jit(nn.Dense(**kw).apply)(params, x)
-    got = jax.jit(nn.Dense(**kw, dot_general=tg.dot_general).apply)(params, x)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    assert rel_err(got, f64(want)) <= 2 * bound(BF16)

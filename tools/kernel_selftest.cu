@@ -1,8 +1,13 @@
 // Low-level check of the GEMM kernels without JAX: every config x layout x dtype x output type
 // on aligned and unaligned shapes against a float64 host reference, then the time of large
 // square products. Build and run (on the GPU machine):
-//   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
-//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu -o /tmp/selftest && /tmp/selftest
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi -x cu tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
+//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu -o /tmp/selftest
+//   /tmp/selftest              # full case list, then timings
+//   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
+//                              # loader (output types and split-K rotating), no timings: the case
+//                              # list that tools/sanitize.sh runs under compute-sanitizer
+// Device buffers have exactly the problem's size (no slack), so memcheck sees any overrun.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -40,24 +45,33 @@ static uint16_t from_f(float x, InType t) {
 }
 
 // Returns relative Frobenius error of the kernel against a float64 reference.
+static void* dev_alloc(size_t bytes) {  // exact size (>= 1 byte: cudaMalloc of 0 gives no buffer)
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
 static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t batch, int64_t m,
-                    int64_t n, int64_t k, bool share_b, std::mt19937& rng) {
+                    int64_t n, int64_t k, bool share_b, std::mt19937& rng, int split_k = 1) {
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t bb = share_b ? 1 : batch;
   std::vector<uint16_t> a(batch * m * k), b(bb * k * n);
   for (auto& x : a) x = from_f(nd(rng), it);
   for (auto& x : b) x = from_f(nd(rng), it);
   const int osz = ot == OutType::kF32 ? 4 : 2;
-  void *da, *db, *dc;
-  CK(cudaMalloc(&da, a.size() * 2 + 16));
-  CK(cudaMalloc(&db, b.size() * 2 + 16));
-  CK(cudaMalloc(&dc, batch * m * n * osz + 16));
+  void* da = dev_alloc(a.size() * 2);
+  void* db = dev_alloc(b.size() * 2);
+  void* dc = dev_alloc(batch * m * n * osz);
   CK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemset(dc, 0xFF, batch * m * n * osz));  // poison: NaN in every output type
   GemmProblem pr{};
   pr.params = {da, db, dc, m, n, k, batch, m * k, share_b ? 0 : k * n, ot, 0, 0};
   pr.in_type = it; pr.transpose_a = ta; pr.transpose_b = tb; pr.config = cfg;
+  pr.params.split_k = split_k;
+  float* ws = nullptr;  // split-K partials: exactly slices x batch x M x N floats
+  if (const int s = EffectiveSplitK(pr); s > 1) ws = static_cast<float*>(dev_alloc(s * batch * m * n * 4));
+  pr.workspace = ws;
   std::string err = LaunchGemm(pr, 0);
   if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
   CK(cudaDeviceSynchronize());
@@ -83,7 +97,7 @@ static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t ba
         num += (got - ref) * (got - ref);
         den += ref * ref;
       }
-  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc));
+  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(ws));
   return std::sqrt(num / (den > 0 ? den : 1));
 }
 
@@ -113,10 +127,56 @@ static double time_square(int cfg, InType it, int64_t s, int reps) {
   return 2.0 * s * s * s / (ms[ms.size() / 2] * 1e-3) / 1e12;
 }
 
-int main() {
+static const char* kLayouts[] = {"NN", "NT", "TN", "TT"};
+
+static bool within_bound(double e, int ot) { return e <= (ot == 2 ? 1e-5 : ot == 0 ? 1e-3 : 5e-3); }
+
+// The small case list for compute-sanitizer: per config, every layout x input type on an
+// aligned shape (cp.async path) and an unaligned one (element loads), with K spanning more
+// k tiles than pipeline stages (so stages are reused: racecheck sees the WAR hazards) and M, N
+// more than one tile; output type, a shared (stride-0) B and split-K rotate over the cases;
+// plus K = 0 and 1x1x1 per config.
+static int sanitize_cases() {
+  std::mt19937 rng(4321);
+  int failures = 0, cases = 0;
+  const int64_t shapes[2][4] = {{2, 131, 67, 389}, {2, 136, 264, 392}};  // unaligned, aligned
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
+    for (int it = 0; it < 2; ++it)
+      for (int l = 0; l < 4; ++l)
+        for (int al = 0; al < 2; ++al) {
+          const int64_t* s = shapes[al];
+          const int ot = (l + it + al) % 3, split = (l + it + al) % 4 == 3 ? 3 : 1;
+          const bool share = (cfg + l + al) % 2;
+          const double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2],
+                                 s[3], share, rng, split);
+          ++cases;
+          if (!within_bound(e, ot)) {
+            ++failures;
+            std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d split_k=%d err=%.3g\n",
+                        ConfigName(kConfigs[cfg]).c_str(), it, ot, kLayouts[l], s[0], s[1], s[2],
+                        s[3], share, split, e);
+          }
+        }
+    for (const int64_t k : {0, 1}) {
+      const double e = check(cfg, InType::kBF16, OutType::kF32, false, true, 1, k ? 1 : 70,
+                             k ? 1 : 33, k, false, rng);
+      ++cases;
+      if (!within_bound(e, 2)) {
+        ++failures;
+        std::printf("FAIL %s K=%ld err=%.3g\n", ConfigName(kConfigs[cfg]).c_str(), k, e);
+      }
+    }
+  }
+  std::printf("selftest --sanitize: %d cases, %d failures\n", cases, failures);
+  CK(cudaDeviceReset());  // lets memcheck's leak check see every allocation released
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--sanitize") == 0) return sanitize_cases();
   std::mt19937 rng(1234);
   int failures = 0, cases = 0;
-  const char* ln[] = {"NN", "NT", "TN", "TT"};
+  const char* const* ln = kLayouts;
   const int64_t shapes[][4] = {{1, 1, 1, 1}, {1, 17, 33, 65}, {1, 128, 256, 64}, {3, 127, 129, 255},
                                {2, 256, 128, 96}, {1, 200, 72, 0}};
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
@@ -127,9 +187,8 @@ int main() {
             const bool share = s[0] > 1 && (l & 1);
             double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2], s[3],
                              share, rng);
-            const double bound = ot == 2 ? 1e-5 : ot == 0 ? 1e-3 : 5e-3;
             ++cases;
-            if (!(e <= bound)) {
+            if (!within_bound(e, ot)) {
               ++failures;
               std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d err=%.3g\n",
                           ConfigName(kConfigs[cfg]).c_str(), it, ot, ln[l], s[0], s[1], s[2],
