@@ -44,15 +44,17 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const int64_t m = transpose_a ? ad[2] : ad[1], ka = transpose_a ? ad[1] : ad[2];
   const int64_t kb = transpose_b ? bd[2] : bd[1], n = transpose_b ? bd[1] : bd[2];
   const int64_t batch = cd[0];
-  const std::string shapes = "a" + Dims(ad) + " transpose_a=" + (transpose_a ? "1" : "0") + ", b" +
-                             Dims(bd) + " transpose_b=" + (transpose_b ? "1" : "0") + ", c" +
-                             Dims(cd);
-  if (ka != kb) return Invalid("contracting sizes differ: " + shapes);
+  // Built only when an error is reported: nothing is formatted on the launch path.
+  auto shapes = [&] {
+    return "a" + Dims(ad) + " transpose_a=" + (transpose_a ? "1" : "0") + ", b" + Dims(bd) +
+           " transpose_b=" + (transpose_b ? "1" : "0") + ", c" + Dims(cd);
+  };
+  if (ka != kb) return Invalid("contracting sizes differ: " + shapes());
   if (m > INT32_MAX || n > INT32_MAX || ka > INT32_MAX)
-    return Invalid("M, N and K must each be below 2^31: " + shapes);
-  if (cd[1] != m || cd[2] != n) return Invalid("result shape does not match operands: " + shapes);
+    return Invalid("M, N and K must each be below 2^31: " + shapes());
+  if (cd[1] != m || cd[2] != n) return Invalid("result shape does not match operands: " + shapes());
   if ((ad[0] != batch && ad[0] != 1) || (bd[0] != batch && bd[0] != 1))
-    return Invalid("batch sizes must equal the result's or be 1: " + shapes);
+    return Invalid("batch sizes must equal the result's or be 1: " + shapes());
 
   const ffi::DataType at = a.element_type(), bt = b.element_type(), ct = c->element_type();
   if (at != bt || (at != ffi::DataType::F16 && at != ffi::DataType::BF16))
@@ -96,10 +98,11 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     if (static_cast<int64_t>(workspace->element_count()) < need)
       return Invalid("split_k=" + std::to_string(split_k) + " needs a workspace of " +
                      std::to_string(need) + " floats; got " +
-                     std::to_string(workspace->element_count()) + " [" + shapes + "]");
+                     std::to_string(workspace->element_count()) + " [" + shapes() + "]");
   }
   if (std::string err = LaunchGemm(pr, stream); !err.empty())
-    return ffi::Error::Internal("tcgemm: " + err + " [" + shapes + ", config " + std::string(config) + "]");
+    return ffi::Error::Internal("tcgemm: " + err + " [" + shapes() + ", config " +
+                                std::string(config) + "]");
   return ffi::Error::Success();
 }
 
