@@ -63,7 +63,13 @@ struct ConfigTraits {
   // Epilogue: each warp stages 16 rows of its tile as float32 (the widest output) + 16 B pad.
   static constexpr int kEpiRowBytes = kWN * 4 + 16;
   static constexpr int kEpiBytes = kWarps * 16 * kEpiRowBytes;
-  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+  // Split-K reduced inside a cluster parks the whole float32 tile in shared memory, its rows
+  // padded by 4 floats (conflict-free float2 stores).
+  static constexpr int kClusterLd = kBN + 4;
+  static constexpr int kClusterBytes = kBM * kClusterLd * 4;
+  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes
+                                        ? (kPipeBytes > kClusterBytes ? kPipeBytes : kClusterBytes)
+                                        : (kEpiBytes > kClusterBytes ? kEpiBytes : kClusterBytes);
 
   static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");

@@ -33,6 +33,22 @@ int64_t KTilesPerSplit(const GemmProblem& pr) {
   return std::max<int64_t>(1, (KTiles(pr) + split - 1) / split);
 }
 
+// Whether `device` can launch thread block clusters (compute capability 9.0+); asked once per
+// device.
+bool HasClusters(int device) {
+  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  if (device >= kMaxDevices) return false;
+  int v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      return false;
+    v = major >= 9 ? 2 : 1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 }  // namespace
 
 int EffectiveSplitK(const GemmProblem& pr) {
@@ -59,13 +75,16 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   const int split = EffectiveSplitK(pr);
   p.split_k = split;
   p.k_tiles_per_split = static_cast<int>(KTilesPerSplit(pr));
-  if (split > 1) {  // slices write float32 partials to the workspace; the reduction writes C
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
+  // Split-K: on sm_90+ with at most kMaxClusterSplit slices, the slices of a tile form one
+  // thread block cluster and reduce through distributed shared memory; otherwise they write
+  // float32 partials to the workspace and a second kernel sums them into C.
+  p.cluster_reduce = split > 1 && split <= kMaxClusterSplit && HasClusters(device);
+  if (split > 1 && !p.cluster_reduce) {
     p.c = pr.workspace;
     p.out_type = OutType::kF32;
   }
-
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
   if (device < kMaxDevices) {
     auto& mask = g_smem_configured[int(pr.in_type)][pr.config][variant];
     const uint64_t bit = uint64_t(1) << device;
@@ -84,11 +103,25 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(split),
                   static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));
   void* args[] = {&p};
-  cudaError_t e = cudaLaunchKernel(k.fn, grid, dim3(k.threads), args, k.smem_bytes, stream);
-  if (e != cudaSuccess) return CudaError("cudaLaunchKernel", e);
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = grid;
+  launch.blockDim = dim3(k.threads);
+  launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
+  launch.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  if (p.cluster_reduce) {
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = 1;
+    cluster[0].val.clusterDim.y = static_cast<unsigned>(split);
+    cluster[0].val.clusterDim.z = 1;
+    launch.attrs = cluster;
+    launch.numAttrs = 1;
+  }
+  cudaError_t e = cudaLaunchKernelExC(&launch, k.fn, args);
+  if (e != cudaSuccess) return CudaError("cudaLaunchKernelExC", e);
   e = cudaGetLastError();
   if (e != cudaSuccess) return CudaError("kernel launch", e);
-  if (split > 1) {
+  if (split > 1 && !p.cluster_reduce) {
     e = LaunchSplitKReduce(pr.workspace, pr.params.c, pr.params.out_type, split,
                            p.batch * p.m * p.n, stream);
     if (e != cudaSuccess) return CudaError("split-K reduction launch", e);

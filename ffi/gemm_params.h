@@ -9,11 +9,14 @@ enum class OutType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
 
 // Most K slices of a split-K product (grid y); the FFI rejects more.
 inline constexpr int kMaxSplitK = 64;
+// Most slices reduced inside one thread block cluster (the portable cluster size).
+inline constexpr int kMaxClusterSplit = 8;
 
 // C[z] (M x N, row-major, contiguous) = op(A[z]) · op(B[z]) for z < batch.
 // transpose_a: A[z] is stored [K][M] (else [M][K]); transpose_b: B[z] is stored [N][K] (else [K][N]).
 // Split-K: K is cut into split_k slices of k_tiles_per_split tiles (grid y); slice s writes its
-// float32 partial product to c + (s * batch + z) * M * N, and a reduction kernel sums them.
+// float32 partial product to c + (s * batch + z) * M * N, and a reduction kernel sums them;
+// or, with cluster_reduce, the slices sum each other's tiles in shared memory and write C.
 struct GemmParams {
   const void* a;
   const void* b;
@@ -24,6 +27,8 @@ struct GemmParams {
   int tiles_m, tiles_n;        // set by the dispatcher for the chosen config
   int split_k;                 // K slices (1: no split)
   int k_tiles_per_split;       // BK-wide k tiles per slice (set by the dispatcher)
+  int cluster_reduce;          // 1: the split_k slices of a tile are one cluster and reduce
+                               // through distributed shared memory into C (sm_90+, no workspace)
 };
 
 struct GemmProblem {

@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -28,6 +29,8 @@
 #include "ptx/mma.cuh"
 
 namespace tcgemm {
+
+namespace cg = cooperative_groups;
 
 // Physical chunk index of logical chunk `ch` in `row` of a tile with CPR 16-byte chunks per row.
 template <int CPR>
@@ -85,8 +88,7 @@ struct TileLoader {
       const uint32_t d = tile + dst + i * (kRowsPerIter * kCPR * 16);
       const bool row_ok = i * kRowsPerIter < rows_left;
       if constexpr (ALIGNED) {
-        const bool ok = row_ok && cols_left > 0;
-        ptx::cp_async_cg_16_zfill(d, ok ? src : base, ok ? 16u : 0u);
+        ptx::cp_async_cg_16_or_zero(d, src, !(row_ok && cols_left > 0));
       } else {
         union {
           T e[8];
@@ -161,32 +163,38 @@ __device__ __forceinline__ Out convert(float x) {
   else return x;
 }
 
-// Copies 16 staged float32 rows of a warp tile to C (row-major, ldc = N) as Out, four elements
-// (one 16-byte shared read, one 8- or 16-byte global store) per lane and step, predicated on M, N.
+// Writes four float32 values to C[row][col..col+3] (row-major, ldc = N) as Out: one 8- or
+// 16-byte store when N % 4 == 0 (then every quad is aligned), else element by element up to N.
+template <typename Out>
+__device__ __forceinline__ void store_quad(const GemmParams& p, Out* __restrict__ c, int64_t row,
+                                           int64_t col, float4 v) {
+  Out* dst = c + row * p.n + col;
+  if (p.n % 4 == 0) {
+    if constexpr (std::is_same_v<Out, float>) {
+      *reinterpret_cast<float4*>(dst) = v;
+    } else {
+      struct alignas(8) Out4 { Out x[4]; } o{{convert<Out>(v.x), convert<Out>(v.y),
+                                              convert<Out>(v.z), convert<Out>(v.w)}};
+      *reinterpret_cast<Out4*>(dst) = o;
+    }
+  } else {
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < 4 && col + j < p.n; ++j) dst[j] = convert<Out>(e[j]);
+  }
+}
+
+// Copies 16 staged float32 rows of a warp tile to C as Out, one 16-byte shared read and one
+// store_quad per lane and step, predicated on M, N.
 template <int WN, int ROW_BYTES, typename Out>
 __device__ __forceinline__ void copy_rows(const GemmParams& p, Out* __restrict__ c,
                                           const char* stage, int64_t row0, int64_t col0, int lane) {
   constexpr int kQuads = WN / 4;  // 4-float groups per row
-  const bool vec_ok = p.n % 4 == 0;
 #pragma unroll
   for (int idx = lane; idx < 16 * kQuads; idx += 32) {
     const int r = idx / kQuads, qd = idx % kQuads;
     const int64_t gr = row0 + r, gc = col0 + qd * 4;
     if (gr >= p.m || gc >= p.n) continue;
-    const float4 v = *reinterpret_cast<const float4*>(stage + r * ROW_BYTES + qd * 16);
-    Out* dst = c + gr * p.n + gc;
-    if (vec_ok) {
-      if constexpr (std::is_same_v<Out, float>) {
-        *reinterpret_cast<float4*>(dst) = v;
-      } else {
-        struct alignas(8) Out4 { Out x[4]; } o{{convert<Out>(v.x), convert<Out>(v.y),
-                                                convert<Out>(v.z), convert<Out>(v.w)}};
-        *reinterpret_cast<Out4*>(dst) = o;
-      }
-    } else {
-      const float e[4] = {v.x, v.y, v.z, v.w};
-      for (int j = 0; j < 4 && gc + j < p.n; ++j) dst[j] = convert<Out>(e[j]);
-    }
+    store_quad(p, c, gr, gc, *reinterpret_cast<const float4*>(stage + r * ROW_BYTES + qd * 16));
   }
 }
 
@@ -223,6 +231,56 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
   }
 }
 
+// Split-K inside a thread block cluster (sm_90+; the dispatcher launches the split_k slices of
+// an output tile as one cluster along grid y and sets p.cluster_reduce): every CTA parks its
+// float32 accumulators in its own shared memory ([BM][BN + 4] floats), and after a cluster
+// barrier CTA r sums rows r, r + S, r + 2S, ... of the tile over the S CTAs' shared memory
+// (distributed shared memory), always in rank order (bitwise deterministic, the same order as
+// the workspace reduction), and writes them to C. A second barrier keeps every CTA's shared
+// memory alive until the others have read it. No workspace, no second launch.
+template <int CFG>
+__device__ __forceinline__ void cluster_reduce_store(
+    const GemmParams& p, int64_t c_off, float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
+    char* smem, int64_t m0, int64_t n0, int wm0, int wn0, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Tr = ConfigTraits<CFG>;
+  constexpr int kLd = Tr::kClusterLd;
+  float* tile = reinterpret_cast<float*>(smem);
+  const int lane = tid & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < Tr::kNI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(tile + (wm0 + mi * 16 + g + 8 * h) * kLd + wn0 + ni * 8 + 2 * q) =
+            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int slices = static_cast<int>(cluster.num_blocks());
+  constexpr int kQuads = Tr::kBN / 4;
+  for (int idx = tid;; idx += Tr::kThreads) {
+    const int row = rank + (idx / kQuads) * slices, qd = idx % kQuads;
+    if (row >= Tr::kBM) break;
+    const int64_t gr = m0 + row, gc = n0 + qd * 4;
+    if (gr >= p.m || gc >= p.n) continue;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < slices; ++s) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          cluster.map_shared_rank(tile + row * kLd + qd * 4, s));
+      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    switch (p.out_type) {
+      case OutType::kF16: store_quad(p, static_cast<__half*>(p.c) + c_off, gr, gc, sum); break;
+      case OutType::kBF16: store_quad(p, static_cast<__nv_bfloat16*>(p.c) + c_off, gr, gc, sum); break;
+      case OutType::kF32: store_quad(p, static_cast<float*>(p.c) + c_off, gr, gc, sum); break;
+    }
+  }
+  cluster.sync();
+#endif
+}
+
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
 __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
   using Tr = ConfigTraits<CFG>;
@@ -241,9 +299,20 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   const int64_t m0 = int64_t(first_m + (pid % group_size) % group_m) * Tr::kBM;
   const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
 
-  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N].
-  const int64_t a_rows = A_KMAJOR ? p.m : p.k, a_cols = A_KMAJOR ? p.k : p.m;
-  const int64_t b_rows = B_KMAJOR ? p.n : p.k, b_cols = B_KMAJOR ? p.k : p.n;
+  // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
+  // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles past
+  // the slice unconditionally, and those come back as zeros without reading memory.
+  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
+  const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
+  const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
+  const int64_t k_end = min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
+
+  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; the leading
+  // dimension is the full contiguous extent.
+  const int64_t a_rows = A_KMAJOR ? p.m : k_end, a_cols = A_KMAJOR ? k_end : p.m;
+  const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
+  const int64_t lda = A_KMAJOR ? p.k : p.m, ldb = B_KMAJOR ? p.k : p.n;
   using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
                            Tr::kThreads, ALIGNED, !A_KMAJOR>;
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
@@ -251,18 +320,13 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
-  // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles).
-  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
-  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
-  const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
-  const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
 
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
     LoadA load_a;
     LoadB load_b;
-    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, a_cols,
+    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, lda,
                 A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
-    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, b_cols,
+    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, ldb,
                 B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
     auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
       load_a.load_next(a_tile(s));
@@ -303,9 +367,8 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
         const int s_next = kk == Tr::kKSteps - 1 ? (kt + 1) % Tr::kStages : s;
         frag[(kk + 1) & 1].load(a_tile(s_next), b_tile(s_next), (kk + 1) % Tr::kKSteps, wm0, wn0,
                                 lane);
-        if (kk == 0) {
-          const int kt_load = kt + Tr::kStages - 1;
-          if (kt_load < ktiles) load_stage(kt_load % Tr::kStages);
+        if (kk == 0) {  // unconditional: past the slice's last k tile the loaders zero-fill
+          load_stage((kt + Tr::kStages - 1) % Tr::kStages);
           ptx::cp_async_commit_group();
         }
         const auto& f = frag[kk & 1];
@@ -321,9 +384,13 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
 
-    char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
-    store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
-                    n0 + wn0, lane);
+    if (p.cluster_reduce) {
+      cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, wm0, wn0, tid);
+    } else {
+      char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
+      store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
+                      n0 + wn0, lane);
+    }
     __syncthreads();  // staging area is the next batch item's pipeline
   }
 }

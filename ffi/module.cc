@@ -25,4 +25,6 @@ NB_MODULE(_tcgemm, m) {
   }, "Names of the compiled kernel configs, in table order.");
   m.def("max_split_k", []() { return tcgemm::kMaxSplitK; },
         "Most K slices of a split-K product that the handler accepts.");
+  m.def("max_cluster_split", []() { return tcgemm::kMaxClusterSplit; },
+        "Most K slices reduced inside one thread block cluster (sm_90+), with no workspace pass.");
 }

@@ -58,7 +58,9 @@ _MIN_K_PER_SPLIT = 512  # a K slice shorter than this spends too long in its pip
 def blocks_per_sm(c: Config) -> int:
     """Resident threadblocks of config c per SM (register- or shared-memory-bound)."""
     threads = 32 * c.warps_m * c.warps_n
-    smem = max(c.stages * (c.bm + c.bn) * c.bk * 2, c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16))
+    smem = max(c.stages * (c.bm + c.bn) * c.bk * 2,  # kSmemBytes in ffi/gemm_config.h:
+               c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16),  # pipeline, epilogue,
+               c.bm * (c.bn + 4) * 4)  # cluster split-K tile
     return max(1, min(65536 // (threads * _REGS_PER_THREAD), _SMEM_PER_SM // (smem + 1024)))
 
 
@@ -66,6 +68,8 @@ def blocks_per_sm(c: Config) -> int:
 _PEAK = 600e12  # FLOP/s of mma.sync on all SMs at full occupancy
 _BW = 3.0e12    # bytes/s of HBM
 _LAUNCH = 3e-6  # s, a second kernel launch (the split-K reduction)
+_DSMEM_BW = 10e12  # bytes/s over all SMs of the cluster split-K reduction (shared memory)
+MAX_CLUSTER_SPLIT = 8  # kMaxClusterSplit in ffi/gemm_params.h: up to here, no workspace pass
 _PIPE_FILL = 3  # k tiles of latency before a block's first mma (prologue) and its epilogue
 
 
@@ -94,7 +98,9 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     t_wave = (kt + fill) * c.bk * 2 * c.bm * c.bn * slots / (_PEAK * _rate(c))
     t_mem = batch * (m * k + k * n + m * n) * elem_bytes / _BW
     t_gemm = math.ceil(blocks / slots) * t_wave
-    if s > 1:
+    if 1 < s <= MAX_CLUSTER_SPLIT:  # slices sum each other's tiles in shared memory (sm_90)
+        t_gemm += s * blocks / s * c.bm * c.bn * 4 / _DSMEM_BW
+    elif s > 1:
         t_gemm += s * batch * m * n * 4 * 2 / _BW + _LAUNCH  # workspace written once, read once
     return max(t_gemm, t_mem), t_gemm
 

@@ -101,6 +101,7 @@ def test_extension_config_names_match_python_table():
         pytest.skip(f"CUDA extension not built: {_ffi._LOAD_ERROR}")
     assert _ffi.config_names() == [c.name for c in configs.CONFIGS]
     assert _ffi._tcgemm.max_split_k() == configs.MAX_SPLIT_K
+    assert _ffi._tcgemm.max_cluster_split() == configs.MAX_CLUSTER_SPLIT
 
 
 @pytest.mark.parametrize("m,n,k,batch", [

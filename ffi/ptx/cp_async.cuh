@@ -17,6 +17,19 @@ __device__ __forceinline__ void cp_async_cg_16_zfill(uint32_t smem_addr, const v
 #endif
 }
 
+// 16-byte copy, L1-bypassing (.cg); when `zero` is true the source is ignored (never read, so
+// `gmem` may point anywhere) and 16 zero bytes are written (the ignore-src operand).
+__device__ __forceinline__ void cp_async_cg_16_or_zero(uint32_t smem_addr, const void* gmem,
+                                                       bool zero) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::128B [%0], [%1], 16, z;\n}\n" ::"r"(smem_addr),
+      "l"(gmem), "r"(int(zero))
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit_group() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
