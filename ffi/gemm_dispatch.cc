@@ -56,14 +56,58 @@ int EffectiveSplitK(const GemmProblem& pr) {
   return static_cast<int>(std::max<int64_t>(1, (KTiles(pr) + per - 1) / per));
 }
 
+WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
+  const GemmParams& p = pr.params;
+  WorkspacePlan w;
+  if (const int split = EffectiveSplitK(pr); split > 1)
+    w.split_floats = int64_t(split) * p.batch * p.m * p.n;
+  auto operand = [&](bool kmajor, int64_t outer_km, int64_t stride) {
+    PackedOperand o;
+    o.cols = kmajor ? p.k : outer_km;           // contiguous extent
+    const int64_t outer = kmajor ? outer_km : p.k;
+    o.rows = (stride == 0 ? 1 : p.batch) * outer;
+    o.packed = pr.pack && o.cols % 8 != 0 && o.rows > 0;
+    if (o.packed) {
+      o.ld = (o.cols + 7) / 8 * 8;
+      o.floats = o.rows * o.ld / 2;  // 2-byte elements; ld % 8 == 0 keeps it a multiple of 4
+    }
+    return o;
+  };
+  w.a = operand(!pr.transpose_a, p.m, p.stride_a);
+  w.b = operand(pr.transpose_b, p.n, p.stride_b);
+  return w;
+}
+
 std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   GemmParams p = pr.params;
   const GemmConfig& cfg = kConfigs[pr.config];
   const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b;
+  p.lda = a_kmajor ? p.k : p.m;  // as stored: the contiguous extent
+  p.ldb = b_kmajor ? p.k : p.n;
+
+  // Operands with rows that are not 16-byte multiples: padded copies in the workspace first.
+  const WorkspacePlan wp = PlanWorkspace(pr);
+  if (wp.a.packed || wp.b.packed) {
+    PackJob jobs[2];
+    int count = 0;
+    char* at = reinterpret_cast<char*>(pr.workspace + wp.split_floats);
+    auto pack = [&](const PackedOperand& o, const void*& data, int64_t& ld, int64_t& stride) {
+      auto* dst = reinterpret_cast<uint16_t*>(at);
+      jobs[count++] = {static_cast<const uint16_t*>(data), dst, o.rows, o.cols, o.ld};
+      if (stride != 0) stride = stride / o.cols * o.ld;  // outer extent x padded row
+      data = dst;
+      ld = o.ld;
+      at += o.floats * sizeof(float);
+    };
+    if (wp.a.packed) pack(wp.a, p.a, p.lda, p.stride_a);
+    if (wp.b.packed) pack(wp.b, p.b, p.ldb, p.stride_b);
+    if (cudaError_t e = LaunchPack(jobs, count, stream); e != cudaSuccess)
+      return CudaError("operand packing launch", e);
+  }
+
   // 16-byte cp.async needs every row (and batch item) of both operands to start on 16 bytes:
-  // the contiguous extent of each operand a multiple of 8 elements.
-  const int64_t a_contig = a_kmajor ? p.k : p.m, b_contig = b_kmajor ? p.k : p.n;
-  const bool aligned = a_contig % 8 == 0 && b_contig % 8 == 0 && Aligned(p.a) && Aligned(p.b);
+  // leading dimensions that are multiples of 8 elements, 16-byte aligned bases.
+  const bool aligned = p.lda % 8 == 0 && p.ldb % 8 == 0 && Aligned(p.a) && Aligned(p.b);
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
   const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(pr.config, variant)
                                                    : KernelBF16(pr.config, variant);

@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "gemm_params.h"
@@ -27,9 +28,37 @@ KernelEntry KernelBF16(int config, int variant);
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);
 
+// Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats),
+// then (pack_a / pack_b) the operand copies with rows padded to a multiple of 8 elements, placed
+// at the END of a workspace of `total` floats (the caller may hand over more split room than
+// the effective split needs). total_floats(pr) is what the FFI handler asks of XLA; Python's
+// configs.workspace_floats computes the same (a CPU test compares them).
+struct PackedOperand {
+  bool packed = false;
+  int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)
+  int64_t cols = 0;     // contiguous extent
+  int64_t ld = 0;       // leading dimension of the copy: cols rounded up to 8
+  int64_t floats = 0;   // size of the copy in floats (a multiple of 4: 16-byte aligned)
+};
+struct WorkspacePlan {
+  int64_t split_floats = 0;
+  PackedOperand a, b;
+  int64_t total() const { return split_floats + a.floats + b.floats; }
+};
+WorkspacePlan PlanWorkspace(const GemmProblem& pr);
+
 // Launches problem `pr` on `stream` (with split-K: the sliced GEMM into pr.workspace, then the
 // reduction into C). Returns an empty string on success, else what went wrong.
 std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream);
+
+// Defined in gemm_pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
+// each of `count` (1 or 2) jobs, in one launch.
+struct PackJob {
+  const uint16_t* src;
+  uint16_t* dst;
+  int64_t rows, cols, ld;
+};
+cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream);
 
 // Defined in gemm_reduce.cu: c[i] = sum_{s < splits} ws[s * count + i] in slice order.
 cudaError_t LaunchSplitKReduce(const float* ws, void* c, OutType out_type, int splits,

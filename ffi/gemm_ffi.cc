@@ -36,7 +36,7 @@ ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(
 ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> workspace,
                       bool transpose_a, bool transpose_b, std::string_view config,
-                      int64_t split_k) {
+                      int64_t split_k, bool pack) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -93,13 +93,12 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.config = cfg;
   pr.params.split_k = static_cast<int>(split_k);
   pr.workspace = static_cast<float*>(workspace->untyped_data());
-  if (const int split = EffectiveSplitK(pr); split > 1) {
-    const int64_t need = split * batch * m * n;
-    if (static_cast<int64_t>(workspace->element_count()) < need)
-      return Invalid("split_k=" + std::to_string(split_k) + " needs a workspace of " +
-                     std::to_string(need) + " floats; got " +
-                     std::to_string(workspace->element_count()) + " [" + shapes() + "]");
-  }
+  pr.pack = pack;
+  if (const int64_t need = PlanWorkspace(pr).total();
+      static_cast<int64_t>(workspace->element_count()) < need)
+    return Invalid("split_k=" + std::to_string(split_k) + (pack ? ", pack=1" : ", pack=0") +
+                   " needs a workspace of " + std::to_string(need) + " floats; got " +
+                   std::to_string(workspace->element_count()) + " [" + shapes() + "]");
   if (std::string err = LaunchGemm(pr, stream); !err.empty())
     return ffi::Error::Internal("tcgemm: " + err + " [" + shapes() + ", config " +
                                 std::string(config) + "]");
@@ -114,11 +113,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Arg<ffi::AnyBuffer>()  // a: (Ba, M, K), or (Ba, K, M) if transpose_a
                                   .Arg<ffi::AnyBuffer>()  // b: (Bb, K, N), or (Bb, N, K) if transpose_b
                                   .Ret<ffi::AnyBuffer>()  // c: (B, M, N); Ba, Bb in {1, B}
-                                  .Ret<ffi::AnyBuffer>()  // workspace: f32, split_k*B*M*N if split
+                                  .Ret<ffi::AnyBuffer>()  // workspace: f32 (PlanWorkspace)
                                   .Attr<bool>("transpose_a")
                                   .Attr<bool>("transpose_b")
                                   .Attr<std::string_view>("config")
-                                  .Attr<int64_t>("split_k"),
+                                  .Attr<int64_t>("split_k")
+                                  .Attr<bool>("pack"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace tcgemm

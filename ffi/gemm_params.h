@@ -29,14 +29,21 @@ struct GemmParams {
   int k_tiles_per_split;       // BK-wide k tiles per slice (set by the dispatcher)
   int cluster_reduce;          // 1: the split_k slices of a tile are one cluster and reduce
                                // through distributed shared memory into C (sm_90+, no workspace)
+  int64_t lda, ldb;            // leading dimensions (elements between rows as stored; set by
+                               // the dispatcher: the contiguous extent, or that of a packed copy)
 };
 
 struct GemmProblem {
   GemmParams params;
-  float* workspace;            // split_k * batch * M * N floats when split_k > 1
+  // Split-K partials (split_k * batch * M * N floats when split_k > 1) from the start; packed
+  // operand copies (see PlanWorkspace) at the end.
+  float* workspace;
   InType in_type;
   bool transpose_a, transpose_b;
   int config;                  // index into kConfigs
+  bool pack;                   // copy an operand whose contiguous extent is not a multiple of 8
+                               // into the workspace with padded rows (16-byte aligned: the fast
+                               // cp.async path) before the GEMM
 };
 
 }  // namespace tcgemm

@@ -48,9 +48,10 @@ __device__ __forceinline__ int swizzle_chunk(int row, int ch) {
 // past the matrix are zero. K_IN_ROWS: successive k tiles are ROWS further down (an M/N-major
 // operand), else COLS further right (K-major). Thread t owns chunk column t % kCPR and rows
 // t / kCPR + i * kRowsPerIter: everything but two 64-bit adds and two compares per chunk is
-// computed once, in init(). ALIGNED: cols and ld are multiples of 8 and the base is 16-byte
-// aligned, so every chunk is one cp.async of 16 bytes (zero-filled past the edge); otherwise
-// elements are loaded one by one. Sizes are below 2^31 (the FFI handler checks).
+// computed once, in init(). ALIGNED: ld is a multiple of 8 and the base is 16-byte aligned, so
+// every chunk is one cp.async of 16 bytes (zero-filled past the edge). A chunk that straddles
+// `cols` is read whole: cols % 8 != 0 only for a packed copy (gemm_pack.cu), whose padding is
+// zeros. Otherwise elements are loaded one by one. Sizes are below 2^31 (the FFI handler checks).
 template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, bool K_IN_ROWS>
 struct TileLoader {
   static constexpr int kCPR = COLS / 8;
@@ -308,11 +309,10 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
   const int64_t k_end = min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
 
-  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; the leading
-  // dimension is the full contiguous extent.
+  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; rows are
+  // p.lda / p.ldb elements apart (the contiguous extent, or a packed copy's padded one).
   const int64_t a_rows = A_KMAJOR ? p.m : k_end, a_cols = A_KMAJOR ? k_end : p.m;
   const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
-  const int64_t lda = A_KMAJOR ? p.k : p.m, ldb = B_KMAJOR ? p.k : p.n;
   using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
                            Tr::kThreads, ALIGNED, !A_KMAJOR>;
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
@@ -324,9 +324,9 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
     LoadA load_a;
     LoadB load_b;
-    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, lda,
+    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, p.lda,
                 A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
-    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, ldb,
+    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, p.ldb,
                 B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
     auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
       load_a.load_next(a_tile(s));

@@ -67,27 +67,37 @@ def blocks_per_sm(c: Config) -> int:
 # Cost model of the selector (H100/H200 SXM class; autotune.py measures instead of guessing).
 _PEAK = 600e12  # FLOP/s of mma.sync on all SMs at full occupancy
 _BW = 3.0e12    # bytes/s of HBM
+_LATENCY = 1e-6  # s, a cp.async stage's round trip to HBM under load
 _LAUNCH = 3e-6  # s, a second kernel launch (the split-K reduction)
 _DSMEM_BW = 10e12  # bytes/s over all SMs of the cluster split-K reduction (shared memory)
+# s, each slice past the first of a cluster split-K (measured, H100, 16x4096x4096 with
+# 64x64x64: split 2 23.6 us, split 4 30.8 us; the slices' prologues and the cluster barriers)
+_CLUSTER_SLICE = 3.5e-6
 MAX_CLUSTER_SPLIT = 8  # kMaxClusterSplit in ffi/gemm_params.h: up to here, no workspace pass
 _PIPE_FILL = 3  # k tiles of latency before a block's first mma (prologue) and its epilogue
 
 
 def _rate(c: Config) -> float:
     """Fraction of _PEAK that SMs full of config c reach: smaller warp tiles move more shared
-    memory per mma (64x64 warp tiles: 1, 32x32: about half)."""
+    memory per mma (64x64 warp tiles: 1, 32x32: about half), smaller block tiles more global
+    and L2 traffic (128x128: 0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s)."""
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
     full = blocks_per_sm(c) * c.warps_m * c.warps_n >= 8  # 8 warps per SM hide the latencies
-    # BK = 64 halves the barriers per k: +7% at 8192^3 and +5% at 4096^3 on an H200 (autotune)
-    return min(1.0, 0.6 + 0.4 * warp_tile / 4096) * (1.0 if full else 0.8) * (
-        1.07 if c.bk >= 64 else 1.0)
+    intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
+    # BK = 64 was +5-7% on an H200 before the main loop lost its predicated loads (v7); since
+    # then it is 2-3% slower on an H100 (8192^3: 466 vs 475 TFLOP/s one launch, 371 vs 383
+    # sustained), its 3 stages hiding less latency than BK = 32's 4.
+    return (min(1.0, 0.6 + 0.4 * warp_tile / 4096) * (1.0 if full else 0.8)
+            * (0.5 + 0.5 * min(1.0, intensity)) * (0.97 if c.bk >= 64 else 1.0))
 
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
              elem_bytes: int = 2) -> float:
     """Modelled seconds of config c with s K slices, and the compute part alone (the tie-break
     among memory-bound choices): whole waves of padded tiles at c's rate plus the split-K
-    workspace round trip, no faster than HBM moves the operands."""
+    reduction, no faster than the operands can be streamed: at HBM bandwidth, or at what the
+    resident blocks' cp.async stages keep in flight per memory latency (skinny products have
+    few blocks: more slices and deeper stages fetch faster)."""
     slots = _SMS * blocks_per_sm(c)
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
@@ -96,13 +106,53 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     # 64 x 256^3, where k is 8 tiles).
     fill = _PIPE_FILL * 32 / c.bk / (2 if blocks_per_sm(c) >= 2 else 1)
     t_wave = (kt + fill) * c.bk * 2 * c.bm * c.bn * slots / (_PEAK * _rate(c))
-    t_mem = batch * (m * k + k * n + m * n) * elem_bytes / _BW
+    # Bytes a block's stages fetch (rows past M or N are zero-filled without a read).
+    stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes
+    in_flight = max(1, min(blocks, slots) * (c.stages - 1) * stage_bytes)
+    t_mem = batch * (m * k + k * n + m * n) * elem_bytes / min(_BW, in_flight / _LATENCY)
     t_gemm = math.ceil(blocks / slots) * t_wave
     if 1 < s <= MAX_CLUSTER_SPLIT:  # slices sum each other's tiles in shared memory (sm_90)
-        t_gemm += s * blocks / s * c.bm * c.bn * 4 / _DSMEM_BW
+        t_gemm += blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
     elif s > 1:
         t_gemm += s * batch * m * n * 4 * 2 / _BW + _LAUNCH  # workspace written once, read once
     return max(t_gemm, t_mem), t_gemm
+
+
+def effective_split(c: Config, k: int, split_k: int) -> int:
+    """K slices that actually run for split_k requested ones (EffectiveSplitK in
+    ffi/gemm_dispatch.cc): no slice is left empty."""
+    kt = max(1, math.ceil(k / c.bk))
+    per = max(1, math.ceil(kt / max(split_k, 1)))
+    return max(1, math.ceil(kt / per))
+
+
+# Packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples is copied into
+# padded rows before the GEMM so that the fast 16-byte cp.async path streams it. Below this many
+# FLOP the extra launch and copy are not worth it (the element-wise loads are then cheap).
+PACK_MIN_FLOP = 2**27
+
+
+def should_pack(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = False,
+                transpose_b: bool = False) -> bool:
+    """Whether the CUDA lowering has the handler pack a misaligned operand."""
+    a_contig = m if transpose_a else k
+    b_contig = k if transpose_b else n
+    return (a_contig % 8 != 0 or b_contig % 8 != 0) and 2 * batch * m * n * k >= PACK_MIN_FLOP
+
+
+def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
+                     transpose_a: bool, transpose_b: bool, config: str, split_k: int,
+                     pack: bool) -> int:
+    """float32 workspace of one call: split-K partials, then the packed operand copies (rows
+    padded to 8 elements); PlanWorkspace in ffi/gemm_dispatch.cc (a CPU test compares)."""
+    s = effective_split(BY_NAME[config], k, split_k)
+    total = s * batch * m * n if s > 1 else 0
+    for contig, outer, shared in ((m if transpose_a else k, k if transpose_a else m, a_shared),
+                                  (k if transpose_b else n, n if transpose_b else k, b_shared)):
+        rows = (1 if shared else batch) * outer
+        if pack and contig % 8 != 0 and rows > 0:
+            total += rows * ((contig + 7) // 8 * 8) // 2
+    return total
 
 
 def splits(c: Config, k: int) -> range:

@@ -10,7 +10,6 @@ the CUDA lowering adds the float32 workspace they need as a second, discarded re
 from __future__ import annotations
 
 import functools
-import math
 import operator
 
 import jax
@@ -85,13 +84,17 @@ def _cuda_lowering(ctx, a, b, *, transpose_a, transpose_b, out_dtype, config, sp
     del out_dtype  # the result buffer's type
     _ffi.require()
     (out,) = ctx.avals_out
-    # Split-K partials live in a float32 workspace: a second result of the call (command
-    # buffers allow no scratch allocation inside the handler), dropped here.
-    ws = jax.core.ShapedArray((split_k * math.prod(out.shape) if split_k > 1 else 0,),
-                              np.dtype(np.float32))
+    a_aval, b_aval = ctx.avals_in
+    bt, m, n, k, _ = _dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    pack = configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
+    # Split-K partials and packed operand copies live in a float32 workspace: a second result
+    # of the call (command buffers allow no scratch allocation inside the handler), dropped here.
+    ws = jax.core.ShapedArray((configs.workspace_floats(
+        m, n, k, bt, a_aval.shape[0] == 1, b_aval.shape[0] == 1,
+        transpose_a, transpose_b, config, split_k, pack),), np.dtype(np.float32))
     c, _ = jax.ffi.ffi_lowering(_ffi.TARGET)(
         ctx.replace(avals_out=[out, ws]), a, b, transpose_a=transpose_a,
-        transpose_b=transpose_b, config=config, split_k=np.int64(split_k))
+        transpose_b=transpose_b, config=config, split_k=np.int64(split_k), pack=pack)
     return [c]
 
 

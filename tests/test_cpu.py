@@ -413,12 +413,16 @@ def test_cuda_lowering_text(emit_without_extension, ta, tb, out_dtype, mlir_t):
 
 
 def test_cuda_lowering_split_k_workspace(emit_without_extension):
-    """split_k > 1: the call gets a float32 workspace result of split_k * B * M * N."""
+    """split_k > 1: the call gets a float32 workspace result of split_k * B * M * N for the
+    slices that run (K = 192 is 3 k tiles of 64; with K = 9 a split of 3 leaves one slice)."""
     cfg = configs.CONFIGS[-1].name
+    assert configs.BY_NAME[cfg].bk == 64
     f = lambda x, y: tcgemm(x, y, out_dtype=BF16, config=cfg, split_k=3)
-    (call,) = custom_calls(cuda_text(f, h(2, 5, 9), h(1, 9, 3)))
-    assert "split_k = 3" in call["line"]
+    (call,) = custom_calls(cuda_text(f, h(2, 5, 192), h(1, 192, 3)))
+    assert "split_k = 3" in call["line"] and "pack = false" in call["line"]
     assert "tensor<2x5x3xbf16>, tensor<90xf32>" in call["line"]
+    (call,) = custom_calls(cuda_text(f, h(2, 5, 9), h(1, 9, 3)))
+    assert "tensor<0xf32>" in call["line"]
     f1 = lambda x, y: tcgemm(x, y, config=cfg, split_k=1)
     (call,) = custom_calls(cuda_text(f1, h(2, 5, 9), h(1, 9, 3)))
     assert "tensor<0xf32>" in call["line"]

@@ -2,7 +2,8 @@
 // on aligned and unaligned shapes against a float64 host reference, then the time of large
 // square products. Build and run (on the GPU machine):
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi -x cu tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
-//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu -o /tmp/selftest
+//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu ffi/gemm_pack.cu \
+//        -o /tmp/selftest
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
 //                              # loader (output types and split-K rotating), no timings: the case
@@ -52,7 +53,8 @@ static void* dev_alloc(size_t bytes) {  // exact size (>= 1 byte: cudaMalloc of 
 }
 
 static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t batch, int64_t m,
-                    int64_t n, int64_t k, bool share_b, std::mt19937& rng, int split_k = 1) {
+                    int64_t n, int64_t k, bool share_b, std::mt19937& rng, int split_k = 1,
+                    bool pack = false) {
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t bb = share_b ? 1 : batch;
   std::vector<uint16_t> a(batch * m * k), b(bb * k * n);
@@ -69,8 +71,9 @@ static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t ba
   pr.params = {da, db, dc, m, n, k, batch, m * k, share_b ? 0 : k * n, ot, 0, 0};
   pr.in_type = it; pr.transpose_a = ta; pr.transpose_b = tb; pr.config = cfg;
   pr.params.split_k = split_k;
-  float* ws = nullptr;  // split-K partials: exactly slices x batch x M x N floats
-  if (const int s = EffectiveSplitK(pr); s > 1) ws = static_cast<float*>(dev_alloc(s * batch * m * n * 4));
+  pr.pack = pack;
+  float* ws = nullptr;  // split-K partials and packed operands: exactly what the plan says
+  if (const int64_t f = PlanWorkspace(pr).total(); f > 0) ws = static_cast<float*>(dev_alloc(f * 4));
   pr.workspace = ws;
   std::string err = LaunchGemm(pr, 0);
   if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
@@ -134,7 +137,8 @@ static bool within_bound(double e, int ot) { return e <= (ot == 2 ? 1e-5 : ot ==
 // The small case list for compute-sanitizer: per config, every layout x input type on an
 // aligned shape (cp.async path) and an unaligned one (element loads), with K spanning more
 // k tiles than pipeline stages (so stages are reused: racecheck sees the WAR hazards) and M, N
-// more than one tile; output type, a shared (stride-0) B and split-K rotate over the cases;
+// more than one tile; output type, a shared (stride-0) B, split-K and packing rotate over the
+// cases;
 // plus K = 0 and 1x1x1 per config.
 static int sanitize_cases() {
   std::mt19937 rng(4321);
@@ -146,15 +150,15 @@ static int sanitize_cases() {
         for (int al = 0; al < 2; ++al) {
           const int64_t* s = shapes[al];
           const int ot = (l + it + al) % 3, split = (l + it + al) % 4 == 3 ? 3 : 1;
-          const bool share = (cfg + l + al) % 2;
+          const bool share = (cfg + l + al) % 2, pack = (cfg + it + l) % 2;
           const double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2],
-                                 s[3], share, rng, split);
+                                 s[3], share, rng, split, pack);
           ++cases;
           if (!within_bound(e, ot)) {
             ++failures;
-            std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d split_k=%d err=%.3g\n",
-                        ConfigName(kConfigs[cfg]).c_str(), it, ot, kLayouts[l], s[0], s[1], s[2],
-                        s[3], share, split, e);
+            std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d split_k=%d pack=%d "
+                        "err=%.3g\n", ConfigName(kConfigs[cfg]).c_str(), it, ot, kLayouts[l], s[0],
+                        s[1], s[2], s[3], share, split, pack, e);
           }
         }
     for (const int64_t k : {0, 1}) {
@@ -184,15 +188,15 @@ int main(int argc, char** argv) {
       for (int ot = 0; ot < 3; ++ot)
         for (int l = 0; l < 4; ++l)
           for (const auto& s : shapes) {
-            const bool share = s[0] > 1 && (l & 1);
+            const bool share = s[0] > 1 && (l & 1), pack = (cfg + ot + l) % 2;
             double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2], s[3],
-                             share, rng);
+                             share, rng, 1, pack);
             ++cases;
             if (!within_bound(e, ot)) {
               ++failures;
-              std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d err=%.3g\n",
+              std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d pack=%d err=%.3g\n",
                           ConfigName(kConfigs[cfg]).c_str(), it, ot, ln[l], s[0], s[1], s[2],
-                          s[3], share, e);
+                          s[3], share, pack, e);
             }
           }
   std::printf("selftest: %d cases, %d failures\n", cases, failures);

@@ -1,0 +1,144 @@
+"""Operand packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples is copied
+into padded rows in the workspace, and the 16-byte cp.async kernel variant runs on the copy.
+
+CPU tests: the planner's rule, the workspace size Python asks for against the handler's own
+PlanWorkspace (through the extension), and the lowering. GPU tests: packing forced on small odd
+shapes (configs.PACK_MIN_FLOP patched to 0, caches cleared so that every call lowers again)
+in every layout, dtype, batch sharing and split-K mode, against the float64 reference, and
+bitwise equal to the unpacked (element-load) path: both sum the same products in the same
+order."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_tcgemm import _ffi, configs
+from jax_tcgemm.primitives import tcgemm
+
+from conftest import bound, rel_err, seed_of
+
+F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
+LAYOUTS = list(itertools.product((False, True), repeat=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+
+@pytest.mark.parametrize("m,n,k,ta,tb,want", [
+    (4095, 4097, 4093, False, False, True),   # K and N rows misaligned
+    (4096, 4096, 4096, False, False, False),  # aligned
+    (4096, 4097, 4096, False, True, False),   # NT: B rows are K (aligned); N odd is harmless
+    (4097, 4096, 4096, True, False, True),    # TN: A rows are M = 4097
+    (127, 129, 255, False, False, False),     # too small to pay for the copy
+])
+def test_should_pack(m, n, k, ta, tb, want):
+    assert configs.should_pack(m, n, k, 1, ta, tb) is want
+
+
+def test_workspace_floats_by_hand():
+    c = configs.CONFIGS[0].name
+    # A (1, 4095, 4093) -> rows of 4096: 4095 * 4096 / 2 floats; B (1, 4093, 4097) -> 4104
+    assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
+                                    True) == 4095 * 4096 // 2 + 4093 * 4104 // 2
+    assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
+                                    False) == 0
+    # batch 3 with a shared A: A packed once, B three times; split-K partials come first
+    bk = configs.BY_NAME[c].bk
+    k = 4 * bk - 3
+    want = 2 * 3 * 5 * 7 + 5 * (k + 3) // 2 + 3 * k * 8 // 2
+    assert configs.workspace_floats(5, 7, k, 3, True, False, False, False, c, 2, True) == want
+
+
+@pytest.mark.skipif(not _ffi.available(), reason="CUDA extension not built")
+@pytest.mark.parametrize("config", [c.name for c in configs.CONFIGS[::3]])
+def test_workspace_floats_match_handler(config):
+    """configs.workspace_floats == PlanWorkspace (C++) over shapes, layouts, sharing, splits."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        m, n, k = (int(x) for x in rng.integers(1, 3000, 3))
+        batch = int(rng.integers(1, 4))
+        sa, sb, ta, tb, pack = (bool(x) for x in rng.integers(0, 2, 5))
+        split = int(rng.choice([1, 2, 3, 5, 8, 13, 64]))
+        args = (m, n, k, batch, sa, sb, ta, tb, config, split, pack)
+        assert configs.workspace_floats(*args) == _ffi._tcgemm.workspace_floats(*args), args
+
+
+def test_lowering_packs_odd_shapes(monkeypatch):
+    """The CUDA lowering of a large odd product asks for packing and the workspace for it."""
+    monkeypatch.setattr(_ffi, "require", lambda: None)
+    a = jax.ShapeDtypeStruct((1, 1023, 1021), F16)
+    b = jax.ShapeDtypeStruct((1, 1021, 1025), F16)
+    cfg = configs.CONFIGS[0].name
+    f = jax.jit(lambda x, y: tcgemm(x, y, config=cfg, split_k=1))
+    text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    (line,) = [ln for ln in text.splitlines() if "@tcgemm" in ln and "custom_call" in ln]
+    assert "pack = true" in line
+    ws = 1023 * 1024 // 2 + 1021 * 1032 // 2
+    assert f"tensor<{ws}xf32>" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+_tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config",
+                                        "split_k"))
+
+
+def _call(pack_min_flop, monkeypatch, a, b, **kw):
+    monkeypatch.setattr(configs, "PACK_MIN_FLOP", pack_min_flop)
+    jax.clear_caches()  # lower again under the patched rule
+    return np.asarray(_tc(a, b, **kw))
+
+
+def _operands(rng, batch_a, batch_b, m, n, k, ta, tb, dtype):
+    a = rng.standard_normal((batch_a, m, k), np.float32).astype(dtype)
+    b = rng.standard_normal((batch_b, k, n), np.float32).astype(dtype)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    sa = np.ascontiguousarray(np.swapaxes(a, 1, 2)) if ta else a
+    sb = np.ascontiguousarray(np.swapaxes(b, 1, 2)) if tb else b
+    return jax.device_put(sa), jax.device_put(sb), ref
+
+
+CASES = [  # (batch_a, batch_b, m, n, k, config index, split_k); split 3: in a cluster (sm_90),
+           # split 12: through the workspace
+    (1, 1, 131, 67, 389, 0, 1), (1, 1, 257, 129, 1021, 2, 1), (1, 1, 33, 1001, 2047, 3, 3),
+    (3, 1, 70, 91, 515, 5, 1), (1, 4, 129, 255, 257, 6, 2), (2, 2, 17, 9, 4103, 3, 12),
+    (1, 1, 4095, 129, 1029, 1, 1), (1, 1, 200, 72, 1, 4, 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+def test_packed_matches_reference_and_unpacked(case, dtype, monkeypatch):
+    ba, bb, m, n, k, ci, split = case
+    cfg = configs.CONFIGS[ci].name
+    rng = np.random.default_rng(seed_of("pack", *case, dtype.name))
+    fails = []
+    for i, (ta, tb) in enumerate(LAYOUTS):
+        od = F32 if i % 2 else dtype
+        x, y, ref = _operands(rng, ba, bb, m, n, k, ta, tb, dtype)
+        kw = dict(transpose_a=ta, transpose_b=tb, out_dtype=od, config=cfg, split_k=split)
+        packed = _call(0, monkeypatch, x, y, **kw)
+        plain = _call(2**62, monkeypatch, x, y, **kw)
+        what = f"{case} {dtype}->{od} ta={ta} tb={tb}"
+        if np.isnan(packed.astype(np.float32)).any():
+            fails.append(f"{what}: NaN (unwritten output)")
+        elif not rel_err(packed, ref) <= bound(od, k):
+            fails.append(f"{what}: rel err {rel_err(packed, ref):.3g} > {bound(od, k):.3g}")
+        elif not np.array_equal(packed.view(np.uint8), plain.view(np.uint8)):
+            fails.append(f"{what}: packed and element-load results differ")
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.gpu
+def test_odd_large_product_is_packed_by_default():
+    """4095 x 4097 x 4093 takes the packed path under the default rule and stays exact."""
+    assert configs.should_pack(4095, 4097, 4093)
+    rng = np.random.default_rng(11)
+    x, y, ref = _operands(rng, 1, 1, 4095, 4097, 4093, False, False, BF16)
+    jax.clear_caches()
+    out = np.asarray(jax.jit(lambda p, q: tcgemm(p, q, out_dtype=F32))(x, y))
+    assert rel_err(out, ref) <= bound(F32, 4093)
