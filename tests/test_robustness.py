@@ -48,7 +48,7 @@ def x(*shape, dt=F16):
 def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=None, **attrs):
     """The "tcgemm" target through jax.ffi.ffi_call: no Python-side check at all."""
     attrs = {"transpose_a": False, "transpose_b": False, "config": CONFIG_NAMES[0],
-             "split_k": np.int64(1), **attrs}
+             "split_k": np.int64(1), "pack": False, **attrs}
     attrs = {k: v for k, v in attrs.items() if v is not DROP}
     if results is None:  # c, and the float32 workspace of split-K
         results = [jax.ShapeDtypeStruct(c_shape, c_dtype), jax.ShapeDtypeStruct(*ws)]
@@ -111,7 +111,10 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
      r"tcgemm: the workspace result must be a rank-1 float32 buffer"),
     ("workspace_too_small", lambda: raw_call(
         x(1, 16, 4096), x(1, 4096, 16), (1, 16, 16), split_k=np.int64(4), ws=((10,), F32)),
-     r"tcgemm: split_k=4 needs a workspace of \d+ floats; got 10"),
+     r"tcgemm: split_k=4, pack=0 needs a workspace of \d+ floats; got 10"),
+    ("pack_workspace_too_small", lambda: raw_call(
+        x(1, 16, 4093), x(1, 4093, 16), (1, 16, 16), pack=True, ws=((10,), F32)),
+     r"tcgemm: split_k=1, pack=1 needs a workspace of \d+ floats; got 10"),
     ("missing_workspace_result", lambda: raw_call(
         ok_a(), ok_b(), None, results=[jax.ShapeDtypeStruct((1, 4, 3), F32)]),
      r"Wrong number of results"),
