@@ -65,57 +65,66 @@ def blocks_per_sm(c: Config) -> int:
 
 
 # Cost model of the selector (H100/H200 SXM class; autotune.py measures instead of guessing).
-_PEAK = 600e12  # FLOP/s of mma.sync on all SMs at full occupancy
-_BW = 3.0e12    # bytes/s of HBM
-_LATENCY = 1e-6  # s, a cp.async stage's round trip to HBM under load
-_LAUNCH = 3e-6  # s, a second kernel launch (the split-K reduction)
+# Constants fitted to H100 timings of every (config, split) candidate on 12 shapes (skinny
+# LLM projections, 64 x 256^3, the odd case; benchmarks/NOTES.md, v10): the model's picks are
+# 1.05x the fastest candidate in geometric mean (the previous model: 1.17x).
+_PEAK = 600e12   # FLOP/s of mma.sync on all SMs at full occupancy
+_BW = 2.55e12    # bytes/s a GEMM streams from HBM (85% of the 3.0e12 a copy reaches)
+_L2_BW = 10e12   # bytes/s of L2 -> shared memory over all SMs (the stages' tile loads)
+_LATENCY = 1e-6  # s, a cp.async stage's round trip under load: a block's stages-1 loads in flight
+_LAUNCH = 3e-6   # s, a second kernel launch (the split-K reduction)
 _DSMEM_BW = 10e12  # bytes/s over all SMs of the cluster split-K reduction (shared memory)
-# s, each slice past the first of a cluster split-K (measured, H100, 16x4096x4096 with
-# 64x64x64: split 2 23.6 us, split 4 30.8 us; the slices' prologues and the cluster barriers)
-_CLUSTER_SLICE = 3.5e-6
+_CLUSTER_SLICE = 4e-6  # s, each slice past the first of a cluster split-K (prologue, barriers)
+_SLICE_ADD_BW = 100e9  # bytes/s at which the leader block adds one slice's float32 tile
 MAX_CLUSTER_SPLIT = 8  # kMaxClusterSplit in ffi/gemm_params.h: up to here, no workspace pass
-_PIPE_FILL = 3  # k tiles of latency before a block's first mma (prologue) and its epilogue
+_PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
+_FEW_WARPS = 0.6  # rate with fewer than 8 warps resident per SM (latencies not hidden)
+_OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
 
 
-def _rate(c: Config) -> float:
-    """Fraction of _PEAK that SMs full of config c reach: smaller warp tiles move more shared
-    memory per mma (64x64 warp tiles: 1, 32x32: about half), smaller block tiles more global
-    and L2 traffic (128x128: 0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s)."""
+def _rate(c: Config, resident: int) -> float:
+    """Fraction of _PEAK that SMs holding `resident` blocks of config c reach: smaller warp tiles
+    move more shared memory per mma (64x64 warp tiles: 1, 32x32: about half), smaller block
+    tiles more global and L2 traffic (128x128: 0.875 of 128x256; H100, 8192^3: 422 vs 484
+    TFLOP/s), fewer than 8 warps per SM hide less latency."""
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
-    full = blocks_per_sm(c) * c.warps_m * c.warps_n >= 8  # 8 warps per SM hide the latencies
+    full = resident * c.warps_m * c.warps_n >= 8
     intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
     # BK = 64 was +5-7% on an H200 before the main loop lost its predicated loads (v7); since
-    # then it is 2-3% slower on an H100 (8192^3: 466 vs 475 TFLOP/s one launch, 371 vs 383
-    # sustained), its 3 stages hiding less latency than BK = 32's 4.
-    return (min(1.0, 0.6 + 0.4 * warp_tile / 4096) * (1.0 if full else 0.8)
+    # then it is 2-3% slower on an H100 at 8192^3 (its 3 stages hide less latency than BK =
+    # 32's 4), though faster on skinny products, where the per-k-tile latency term decides.
+    return (min(1.0, 0.6 + 0.4 * warp_tile / 4096) * (1.0 if full else _FEW_WARPS)
             * (0.5 + 0.5 * min(1.0, intensity)) * (0.97 if c.bk >= 64 else 1.0))
 
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
-             elem_bytes: int = 2) -> float:
-    """Modelled seconds of config c with s K slices, and the compute part alone (the tie-break
-    among memory-bound choices): whole waves of padded tiles at c's rate plus the split-K
-    reduction, no faster than the operands can be streamed: at HBM bandwidth, or at what the
-    resident blocks' cp.async stages keep in flight per memory latency (skinny products have
-    few blocks: more slices and deeper stages fetch faster)."""
-    slots = _SMS * blocks_per_sm(c)
+             elem_bytes: int = 2) -> tuple[float, float]:
+    """Modelled seconds of config c with s K slices, and the GEMM part alone (the tie-break).
+
+    Blocks run in waves of the resident slots; a block walks its k tiles, each taking the
+    longest of: its mma work (the SM shared by the blocks resident on it), a memory round trip
+    per stages-1 tiles in flight, and its share of L2 bandwidth. Split-K adds the reduction.
+    The operands and C must also cross HBM once; memory and compute overlap only in part."""
+    bps = blocks_per_sm(c)
+    slots = _SMS * bps
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
+    concurrent = min(blocks, slots)
+    resident = min(bps, math.ceil(concurrent / _SMS))
+    t_mma = 2 * c.bm * c.bn * c.bk * resident / (_PEAK / _SMS * _rate(c, resident))
+    stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
+    t_tile = max(t_mma, _LATENCY / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
     # With two or more resident blocks per SM one block's prologue and epilogue overlap
-    # another's main loop: half the fill is hidden (measured: 128x128 beats 256x128 on
-    # 64 x 256^3, where k is 8 tiles).
-    fill = _PIPE_FILL * 32 / c.bk / (2 if blocks_per_sm(c) >= 2 else 1)
-    t_wave = (kt + fill) * c.bk * 2 * c.bm * c.bn * slots / (_PEAK * _rate(c))
-    # Bytes a block's stages fetch (rows past M or N are zero-filled without a read).
-    stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes
-    in_flight = max(1, min(blocks, slots) * (c.stages - 1) * stage_bytes)
-    t_mem = batch * (m * k + k * n + m * n) * elem_bytes / min(_BW, in_flight / _LATENCY)
-    t_gemm = math.ceil(blocks / slots) * t_wave
+    # another's main loop: half the fill is hidden.
+    fill = _PIPE_FILL * 32 / c.bk / (2 if resident >= 2 else 1)
+    t_gemm = math.ceil(blocks / slots) * (kt + fill) * t_tile
     if 1 < s <= MAX_CLUSTER_SPLIT:  # slices sum each other's tiles in shared memory (sm_90)
-        t_gemm += blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
+        t_gemm += (blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
+                   + (s - 1) * c.bm * c.bn * 4 / _SLICE_ADD_BW)
     elif s > 1:
         t_gemm += s * batch * m * n * 4 * 2 / _BW + _LAUNCH  # workspace written once, read once
-    return max(t_gemm, t_mem), t_gemm
+    t_mem = batch * (m * k + k * n + m * n) * elem_bytes / _BW
+    return max(t_gemm, t_mem) + _OVERLAP * min(t_gemm, t_mem), t_gemm
 
 
 def effective_split(c: Config, k: int, split_k: int) -> int:
@@ -155,9 +164,12 @@ def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_share
     return total
 
 
-def splits(c: Config, k: int) -> range:
-    """K slice counts worth trying for config c: 1 up to 16, each slice at least 512 of K."""
-    return range(1, max(1, min(MAX_SPLIT_K, 16, k // _MIN_K_PER_SPLIT)) + 1)
+def splits(c: Config, k: int) -> tuple[int, ...]:
+    """K slice counts worth trying for config c: powers of two up to 16, each slice at least
+    512 of K. (Measured on an H100: 3-, 6- or 12-block clusters were never the fastest and
+    were up to 1.2x slower than 2 or 4; they fill the GPCs unevenly.)"""
+    top = max(1, min(MAX_SPLIT_K, 16, k // _MIN_K_PER_SPLIT))
+    return tuple(s for s in (1, 2, 4, 8, 16) if s <= top)
 
 
 def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):
