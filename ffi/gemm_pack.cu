@@ -13,26 +13,60 @@ namespace tcgemm {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMaxRowBlocks = 65535;  // gridDim.y limit; rows past it are looped over
 
 struct PackJobs {
   PackJob job[2];
 };
 
-// One thread per 16-byte chunk of the destination: 8 two-byte loads (the source rows have no
-// alignment to speak of; a warp's loads cover 512 contiguous bytes), one 16-byte store.
+// The 8 elements starting `sh` (0..7) halves into the 16 halves lo:hi, as one 16-byte value:
+// word selects and 16-bit funnel shifts, no register array indexed at run time.
+__device__ __forceinline__ uint4 ShiftHalves(uint4 lo, uint4 hi, int sh) {
+  uint32_t w0 = lo.x, w1 = lo.y, w2 = lo.z, w3 = lo.w, w4 = hi.x, w5 = hi.y, w6 = hi.z,
+           w7 = hi.w;
+  if (sh & 4) { w0 = w2; w1 = w3; w2 = w4; w3 = w5; w4 = w6; w5 = w7; }  // 2 words
+  if (sh & 2) { w0 = w1; w1 = w2; w2 = w3; w3 = w4; w4 = w5; }            // 1 word
+  const uint32_t bits = (sh & 1) * 16;
+  return make_uint4(__funnelshift_r(w0, w1, bits), __funnelshift_r(w1, w2, bits),
+                    __funnelshift_r(w2, w3, bits), __funnelshift_r(w3, w4, bits));
+}
+
+// One thread per 16-byte chunk of a destination row (blockIdx.y: the row). The source is
+// rows x cols contiguous elements, so a chunk's 8 elements are contiguous there too, just not
+// 16-byte aligned: with a 16-byte aligned base the thread reads the one or two aligned 16-byte
+// segments that hold them (a warp reads one contiguous span) and shifts; otherwise (and for a
+// segment that would reach past the source's last element) 8 two-byte loads. Elements past the
+// row's end are zeros.
 __global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs) {
-  const PackJob& j = jobs.job[blockIdx.y];
-  const int64_t chunks_per_row = j.ld / 8, chunks = j.rows * chunks_per_row;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < chunks;
-       i += int64_t(gridDim.x) * kThreads) {
-    const int64_t r = i / chunks_per_row, c = (i - r * chunks_per_row) * 8;
-    const uint16_t* src = j.src + r * j.cols + c;
+  const PackJob j = blockIdx.z == 0 ? jobs.job[0] : jobs.job[1];  // no local-memory copy
+  const int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * 8;
+  if (c >= j.ld) return;
+  const int valid = static_cast<int>(j.cols - c < 8 ? j.cols - c : 8);  // >= 1: ld - 8 < cols
+  const bool vec = (reinterpret_cast<uintptr_t>(j.src) & 15) == 0;
+  const auto* seg = reinterpret_cast<const uint4*>(j.src);
+  const int64_t total = j.rows * j.cols;
+  for (int64_t r = blockIdx.y; r < j.rows; r += gridDim.y) {
+    const int64_t e = r * j.cols + c;  // first source element of the chunk
     union {
-      uint16_t e[8];
       uint4 v;
+      uint16_t h[8];
     } u;
+    const int sh = static_cast<int>(e & 7);
+    const bool two = sh + valid > 8;  // the chunk reaches into the next segment
+    // Segments wholly inside the source only (the last one may end mid-segment: scalar loads).
+    if (vec && ((e >> 3) + (two ? 2 : 1)) * 8 <= total) {
+      const uint4 lo = __ldg(seg + (e >> 3));
+      const uint4 hi = two ? __ldg(seg + (e >> 3) + 1) : make_uint4(0, 0, 0, 0);
+      u.v = ShiftHalves(lo, hi, sh);
+      if (valid < 8) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) u.e[e] = c + e < j.cols ? __ldg(src + e) : uint16_t(0);
+        for (int i = 0; i < 8; ++i)
+          if (i >= valid) u.h[i] = 0;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) u.h[i] = i < valid ? __ldg(j.src + e + i) : uint16_t(0);
+    }
     *reinterpret_cast<uint4*>(j.dst + r * j.ld + c) = u.v;
   }
 }
@@ -42,15 +76,16 @@ __global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs) {
 cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
   if (count < 1 || count > 2) return cudaErrorInvalidValue;
   PackJobs js{};
-  int64_t most = 0;
+  int64_t chunks = 0, rows = 0;
   for (int i = 0; i < count; ++i) {
     js.job[i] = jobs[i];
-    most = std::max(most, jobs[i].rows * (jobs[i].ld / 8));
+    chunks = std::max(chunks, jobs[i].ld / 8);
+    rows = std::max(rows, jobs[i].rows);
   }
-  // Enough blocks to fill the GPU several times over; the grid-stride loop covers the rest.
-  const unsigned blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((most + kThreads - 1) / kThreads, 1, 8192));
-  pack_rows_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(js);
+  const dim3 grid(static_cast<unsigned>((chunks + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRowBlocks)),
+                  static_cast<unsigned>(count));
+  pack_rows_kernel<<<grid, kThreads, 0, stream>>>(js);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,7 @@
 //        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu ffi/gemm_pack.cu \
 //        -o /tmp/selftest
 //   /tmp/selftest              # full case list, then timings
+//   /tmp/selftest --timings    # the timings only
 //   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
 //                              # loader (output types and split-K rotating), no timings: the case
 //                              # list that tools/sanitize.sh runs under compute-sanitizer
@@ -104,17 +105,22 @@ static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t ba
   return std::sqrt(num / (den > 0 ? den : 1));
 }
 
-static double time_square(int cfg, InType it, int64_t s, int reps) {
+// Median milliseconds of one LaunchGemm (CUDA events, after 2 warm-up launches) on random
+// M x N x K operands (NN); with `pack`, misaligned operands are first packed in the workspace.
+static double time_gemm(int cfg, InType it, int64_t m, int64_t n, int64_t k, bool pack, int reps) {
   void *da, *db, *dc;
-  CK(cudaMalloc(&da, s * s * 2)); CK(cudaMalloc(&db, s * s * 2)); CK(cudaMalloc(&dc, s * s * 2));
-  std::vector<uint16_t> h(s * s);
+  CK(cudaMalloc(&da, m * k * 2)); CK(cudaMalloc(&db, k * n * 2)); CK(cudaMalloc(&dc, m * n * 2));
+  std::vector<uint16_t> h(std::max(m, n) * k);
   std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
   for (auto& x : h) x = from_f(nd(rng), it);
-  CK(cudaMemcpy(da, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(db, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(da, h.data(), m * k * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, h.data(), k * n * 2, cudaMemcpyHostToDevice));
   GemmProblem pr{};
-  pr.params = {da, db, dc, s, s, s, 1, 0, 0, it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
-  pr.in_type = it; pr.config = cfg;
+  pr.params = {da, db, dc, m, n, k, 1, 0, 0, it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
+  pr.in_type = it; pr.config = cfg; pr.pack = pack;
+  float* ws = nullptr;
+  if (const int64_t w = PlanWorkspace(pr).total(); w > 0) CK(cudaMalloc(&ws, w * 4));
+  pr.workspace = ws;
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int r = 0; r < reps + 2; ++r) {
@@ -126,8 +132,12 @@ static double time_square(int cfg, InType it, int64_t s, int reps) {
     if (r >= 2) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
-  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc));
-  return 2.0 * s * s * s / (ms[ms.size() / 2] * 1e-3) / 1e12;
+  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(ws));
+  return ms[ms.size() / 2];
+}
+
+static double tflops(int64_t m, int64_t n, int64_t k, double ms) {
+  return 2.0 * m * n * k / (ms * 1e-3) / 1e12;
 }
 
 static const char* kLayouts[] = {"NN", "NT", "TN", "TT"};
@@ -181,9 +191,10 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   int failures = 0, cases = 0;
   const char* const* ln = kLayouts;
+  const bool timings_only = argc > 1 && std::strcmp(argv[1], "--timings") == 0;
   const int64_t shapes[][4] = {{1, 1, 1, 1}, {1, 17, 33, 65}, {1, 128, 256, 64}, {3, 127, 129, 255},
                                {2, 256, 128, 96}, {1, 200, 72, 0}};
-  for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+  for (int cfg = 0; cfg < (timings_only ? 0 : kNumConfigs); ++cfg)
     for (int it = 0; it < 2; ++it)
       for (int ot = 0; ot < 3; ++ot)
         for (int l = 0; l < 4; ++l)
@@ -199,11 +210,19 @@ int main(int argc, char** argv) {
                           s[3], share, pack, e);
             }
           }
-  std::printf("selftest: %d cases, %d failures\n", cases, failures);
+  if (!timings_only) std::printf("selftest: %d cases, %d failures\n", cases, failures);
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
     for (int64_t s : {4096, 8192})
       std::printf("%s f16 %ld^3: %.1f TFLOP/s | bf16: %.1f TFLOP/s\n",
-                  ConfigName(kConfigs[cfg]).c_str(), s, time_square(cfg, InType::kF16, s, 7),
-                  time_square(cfg, InType::kBF16, s, 7));
+                  ConfigName(kConfigs[cfg]).c_str(), s,
+                  tflops(s, s, s, time_gemm(cfg, InType::kF16, s, s, s, false, 7)),
+                  tflops(s, s, s, time_gemm(cfg, InType::kBF16, s, s, s, false, 7)));
+  // The unaligned case of the benchmark, packed and element-wise, next to its padded shape.
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+    std::printf("%s f16 4095x4097x4093: packed %.1f us, element-wise %.1f us; "
+                "4096x4104x4096: %.1f us\n", ConfigName(kConfigs[cfg]).c_str(),
+                1e3 * time_gemm(cfg, InType::kF16, 4095, 4097, 4093, true, 7),
+                1e3 * time_gemm(cfg, InType::kF16, 4095, 4097, 4093, false, 7),
+                1e3 * time_gemm(cfg, InType::kF16, 4096, 4104, 4096, false, 7));
   return failures ? 1 : 0;
 }
