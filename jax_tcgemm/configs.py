@@ -66,19 +66,24 @@ def blocks_per_sm(c: Config) -> int:
 
 # Cost model of the selector (H100/H200 SXM class; autotune.py measures instead of guessing).
 # Constants fitted to H100 timings of every (config, split) candidate on 12 shapes (skinny
-# LLM projections, 64 x 256^3, the odd case; benchmarks/NOTES.md, v10): the model's picks are
-# 1.05x the fastest candidate in geometric mean (the previous model: 1.17x).
+# LLM projections, 64 x 256^3, the odd case; benchmarks/NOTES.md, v10), refit with cluster
+# occupancy on 10 skinny shapes (v11): the picks are 1.01x the fastest candidate in geometric
+# mean, 1.05x at worst (v10: 1.04x and 1.37x on those shapes; v9: 1.17x on the 12).
 _PEAK = 600e12   # FLOP/s of mma.sync on all SMs at full occupancy
 _BW = 2.55e12    # bytes/s a GEMM streams from HBM (85% of the 3.0e12 a copy reaches)
 _L2_BW = 10e12   # bytes/s of L2 -> shared memory over all SMs (the stages' tile loads)
-_LATENCY = 1e-6  # s, a cp.async stage's round trip under load: a block's stages-1 loads in flight
+_LATENCY = 1.25e-6  # s, a cp.async stage's round trip under load (stages-1 in flight)
 _LAUNCH = 3e-6   # s, a second kernel launch (the split-K reduction)
 _DSMEM_BW = 10e12  # bytes/s over all SMs of the cluster split-K reduction (shared memory)
 _CLUSTER_SLICE = 4e-6  # s, each slice past the first of a cluster split-K (prologue, barriers)
 _SLICE_ADD_BW = 100e9  # bytes/s at which the leader block adds one slice's float32 tile
 MAX_CLUSTER_SPLIT = 8  # kMaxClusterSplit in ffi/gemm_params.h: up to here, no workspace pass
+# Thread block clusters resident at once, by (blocks per SM, cluster size): H100 SXM,
+# cudaOccupancyMaxActiveClusters (tools/kernel_selftest.cu --clusters). Clusters of 4 or 8
+# do not tile every GPC: with one block per SM they use 120 of the 132 SMs.
+_MAX_CLUSTERS = {(1, 2): 66, (1, 4): 30, (1, 8): 15, (2, 2): 132, (2, 4): 62, (2, 8): 30}
 _PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
-_FEW_WARPS = 0.6  # rate with fewer than 8 warps resident per SM (latencies not hidden)
+_FEW_WARPS = 0.8  # rate with fewer than 8 warps resident per SM (latencies not hidden)
 _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
 
 
@@ -101,12 +106,15 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
              elem_bytes: int = 2) -> tuple[float, float]:
     """Modelled seconds of config c with s K slices, and the GEMM part alone (the tie-break).
 
-    Blocks run in waves of the resident slots; a block walks its k tiles, each taking the
-    longest of: its mma work (the SM shared by the blocks resident on it), a memory round trip
-    per stages-1 tiles in flight, and its share of L2 bandwidth. Split-K adds the reduction.
+    Blocks (or clusters of the s slices) run in waves of the resident slots; a block walks
+    its k tiles, each taking the longest of: its mma work (the SM shared by the blocks
+    resident on it), a memory round trip per stages-1 tiles in flight, and its share of L2
+    bandwidth. Split-K adds the reduction.
     The operands and C must also cross HBM once; memory and compute overlap only in part."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
+    if 1 < s <= MAX_CLUSTER_SPLIT:  # whole clusters of s blocks (a launch's waves)
+        slots = s * _MAX_CLUSTERS.get((bps, s), int(0.9 * slots) // s)
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
     concurrent = min(blocks, slots)
@@ -165,11 +173,13 @@ def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_share
 
 
 def splits(c: Config, k: int) -> tuple[int, ...]:
-    """K slice counts worth trying for config c: powers of two up to 16, each slice at least
-    512 of K. (Measured on an H100: 3-, 6- or 12-block clusters were never the fastest and
-    were up to 1.2x slower than 2 or 4; they fill the GPCs unevenly.)"""
-    top = max(1, min(MAX_SPLIT_K, 16, k // _MIN_K_PER_SPLIT))
-    return tuple(s for s in (1, 2, 4, 8, 16) if s <= top)
+    """K slice counts worth trying for config c: powers of two up to MAX_CLUSTER_SPLIT, each
+    slice at least 512 of K. (Measured on an H100: 3-, 6- or 12-block clusters were never the
+    fastest and were up to 1.2x slower than 2 or 4, filling the GPCs unevenly; 16 slices,
+    reduced through the workspace, were never the fastest on 10 skinny shapes and up to 1.5x
+    slower than the best.) Larger split_k values remain available explicitly."""
+    top = max(1, min(MAX_SPLIT_K, MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))
+    return tuple(s for s in (1, 2, 4, 8) if s <= top)
 
 
 def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):

@@ -6,6 +6,7 @@
 //        -o /tmp/selftest
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
+//   /tmp/selftest --clusters   # resident blocks per SM and clusters of 2, 4, 8 per config
 //   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
 //                              # loader (output types and split-K rotating), no timings: the case
 //                              # list that tools/sanitize.sh runs under compute-sanitizer
@@ -186,8 +187,37 @@ static int sanitize_cases() {
   return failures ? 1 : 0;
 }
 
+// How many thread block clusters of each split-K size can be resident at once, per config
+// (cudaOccupancyMaxActiveClusters): the waves of a cluster split-K launch, for the cost model.
+static int cluster_occupancy() {
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
+    const KernelEntry k = KernelF16(cfg, VariantIndex(false, false, true));
+    CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+    CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int blocks = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, k.smem_bytes));
+    std::printf("%s blocks/SM %d; max active clusters:", ConfigName(kConfigs[cfg]).c_str(), blocks);
+    for (int s : {2, 4, 8}) {
+      cudaLaunchConfig_t launch{};
+      launch.gridDim = dim3(1024, s, 1);
+      launch.blockDim = dim3(k.threads);
+      launch.dynamicSmemBytes = k.smem_bytes;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = s; attr[0].val.clusterDim.z = 1;
+      launch.attrs = attr; launch.numAttrs = 1;
+      int clusters = 0;
+      CK(cudaOccupancyMaxActiveClusters(&clusters, k.fn, &launch));
+      std::printf(" %d x %d", clusters, s);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--sanitize") == 0) return sanitize_cases();
+  if (argc > 1 && std::strcmp(argv[1], "--clusters") == 0) return cluster_occupancy();
   std::mt19937 rng(1234);
   int failures = 0, cases = 0;
   const char* const* ln = kLayouts;
