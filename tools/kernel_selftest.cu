@@ -196,7 +196,10 @@ static int cluster_occupancy() {
     CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int blocks = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, k.smem_bytes));
-    std::printf("%s blocks/SM %d; max active clusters:", ConfigName(kConfigs[cfg]).c_str(), blocks);
+    cudaFuncAttributes fa{};
+    CK(cudaFuncGetAttributes(&fa, k.fn));
+    std::printf("%s %d registers, %zu B local; blocks/SM %d; max active clusters:",
+                ConfigName(kConfigs[cfg]).c_str(), fa.numRegs, fa.localSizeBytes, blocks);
     for (int s : {2, 4, 8}) {
       cudaLaunchConfig_t launch{};
       launch.gridDim = dim3(1024, s, 1);
