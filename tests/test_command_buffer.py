@@ -94,10 +94,13 @@ def _child(tmp_path, name, flags):
 
 def test_command_buffers_with_custom_calls(tmp_path):
     info, graphs = _child(tmp_path, "graphs", CMD_BUFFER_FLAGS)
-    # Whether XLA put the call into a graph is its scheduling decision (jaxlib 0.11.2 on an
-    # H200 did not, with these flags); it is reported, and correctness is what is asserted.
+    # Whether XLA put the call into a graph is its scheduling decision, and jaxlib 0.11.2
+    # converts thunks to commands after the HLO passes, so the HLO may show no command_buffer
+    # even when the call is captured (H100: a tiny product costs 13.9 us per call with
+    # command buffers on, 26.8 us off; benchmarks/NOTES.md). Reported; correctness is asserted.
     if not info["tcgemm_in_command_buffer"]:
-        warnings.warn(f"tcgemm was not captured into a command buffer: {info}")
+        warnings.warn(f"no command_buffer computation holds tcgemm in the compiled HLO "
+                      f"(capture may still happen at the thunk level): {info}")
     info_off, plain = _child(tmp_path, "plain", "--xla_gpu_enable_command_buffer=")
     assert not info_off["tcgemm_in_command_buffer"]
     for name in ("straight", "scanned", "chained"):
