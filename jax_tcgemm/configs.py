@@ -113,7 +113,8 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     The operands and C must also cross HBM once; memory and compute overlap only in part."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
-    if 1 < s <= MAX_CLUSTER_SPLIT:  # whole clusters of s blocks (a launch's waves)
+    cluster = 1 < s <= MAX_CLUSTER_SPLIT  # the s slices of a tile form one cluster (sm_90)
+    if cluster:  # waves of whole clusters
         slots = s * _MAX_CLUSTERS.get((bps, s), int(0.9 * slots) // s)
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
@@ -126,7 +127,7 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     # another's main loop: half the fill is hidden.
     fill = _PIPE_FILL * 32 / c.bk / (2 if resident >= 2 else 1)
     t_gemm = math.ceil(blocks / slots) * (kt + fill) * t_tile
-    if 1 < s <= MAX_CLUSTER_SPLIT:  # slices sum each other's tiles in shared memory (sm_90)
+    if cluster:  # slices sum each other's tiles in shared memory
         t_gemm += (blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
                    + (s - 1) * c.bm * c.bn * 4 / _SLICE_ADD_BW)
     elif s > 1:
@@ -178,7 +179,7 @@ def splits(c: Config, k: int) -> tuple[int, ...]:
     fastest and were up to 1.2x slower than 2 or 4, filling the GPCs unevenly; 16 slices,
     reduced through the workspace, were never the fastest on 10 skinny shapes and up to 1.5x
     slower than the best.) Larger split_k values remain available explicitly."""
-    top = max(1, min(MAX_SPLIT_K, MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))
+    top = max(1, min(MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))  # MAX_CLUSTER_SPLIT < MAX_SPLIT_K
     return tuple(s for s in (1, 2, 4, 8) if s <= top)
 
 

@@ -193,7 +193,6 @@ static int cluster_occupancy() {
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
     const KernelEntry k = KernelF16(cfg, VariantIndex(false, false, true));
     CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
-    CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int blocks = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, k.smem_bytes));
     cudaFuncAttributes fa{};
