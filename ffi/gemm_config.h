@@ -7,23 +7,43 @@
 
 namespace tcgemm {
 
+enum class Kind : int {
+  kSm80 = 0,  // cp.async + ldmatrix + mma.sync (sm_80 and newer)
+  kSm90 = 1,  // TMA + mbarrier + wgmma, warp-specialized (compute capability 9.0 only)
+};
+
 struct GemmConfig {
   int bm, bn, bk;      // threadblock tile
-  int stages;          // cp.async pipeline depth
-  int warps_m, warps_n;
+  int stages;          // pipeline depth (cp.async groups, or TMA stages)
+  int warps_m, warps_n;  // sm80: warp layout; sm90: 0, 0
+  Kind kind = Kind::kSm80;
+  int consumers = 0;   // sm90: consumer warpgroups, each owning bm / consumers rows
 };
 
 inline constexpr GemmConfig kConfigs[] = {
-#define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN) GemmConfig{BM, BN, BK, S, WM, WN},
+#define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN) GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm80, 0},
+#define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
 #include "gemm_config.inc"
+#undef TCGEMM_SM90_CONFIG
 #undef TCGEMM_CONFIG
 };
 inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
 inline std::string ConfigName(const GemmConfig& c) {
-  return "sm80_" + std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" + std::to_string(c.bk) +
-         "_s" + std::to_string(c.stages) + "_w" + std::to_string(c.warps_m) + "x" +
-         std::to_string(c.warps_n);
+  const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
+                           std::to_string(c.bk) + "_s" + std::to_string(c.stages);
+  if (c.kind == Kind::kSm90) return "sm90_" + tile + "_g" + std::to_string(c.consumers);
+  return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n);
+}
+
+// The sm80 config that runs in place of sm90 config `cfg` where that cannot (another GPU,
+// operands TMA cannot address): the first sm80 row with the same BK, so that k tiles, split-K
+// slices and the workspace the caller sized stay the same. Every other config maps to itself.
+constexpr int Sm80Fallback(int cfg) {
+  if (kConfigs[cfg].kind == Kind::kSm80) return cfg;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].kind == Kind::kSm80 && kConfigs[i].bk == kConfigs[cfg].bk) return i;
+  return -1;
 }
 
 // Names of all configs, in table order; built once.
@@ -44,7 +64,16 @@ inline int FindConfig(std::string_view name) {
   return -1;
 }
 
-// Compile-time traits of config CFG: derived sizes, checked by static_assert.
+namespace detail {
+constexpr bool EveryHopperRowHasFallback() {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (Sm80Fallback(i) < 0) return false;
+  return true;
+}
+}  // namespace detail
+static_assert(detail::EveryHopperRowHasFallback(), "an sm90 row needs an sm80 row with its BK");
+
+// Compile-time traits of sm80 config CFG: derived sizes, checked by static_assert.
 template <int CFG>
 struct ConfigTraits {
   static constexpr GemmConfig c = kConfigs[CFG];
@@ -75,6 +104,7 @@ struct ConfigTraits {
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
   static_assert(kBK % 32 == 0, "BK must be a multiple of 32 (4 swizzled 16-byte chunks per row)");
   static_assert(kBM % 64 == 0 && kBN % 64 == 0, "M/N-contiguous tiles need 128-byte rows");
+  static_assert(c.kind == Kind::kSm80, "ConfigTraits describes sm80 (mma.sync) rows only");
   static_assert(kStages >= 2, "a pipeline needs at least two stages");
   static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,
                 "every thread copies the same number of 16-byte chunks per stage");

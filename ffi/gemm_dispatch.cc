@@ -33,20 +33,36 @@ int64_t KTilesPerSplit(const GemmProblem& pr) {
   return std::max<int64_t>(1, (KTiles(pr) + split - 1) / split);
 }
 
-// Whether `device` can launch thread block clusters (compute capability 9.0+); asked once per
-// device.
-bool HasClusters(int device) {
-  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
-  if (device >= kMaxDevices) return false;
-  int v = known[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-      return false;
-    v = major >= 9 ? 2 : 1;
-    known[device].store(v, std::memory_order_relaxed);
+// Compute capability (major * 10 + minor) and multiprocessor count of `device`, asked once per
+// device; {0, 0} if the runtime cannot say.
+struct DeviceInfo {
+  int cc = 0, sms = 0;
+};
+DeviceInfo Info(int device) {
+  static std::atomic<int> cc[kMaxDevices] = {}, sms[kMaxDevices] = {};  // 0: not asked yet
+  auto ask = [device](cudaDeviceAttr a) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, a, device) == cudaSuccess ? v : 0;
+  };
+  if (device < 0 || device >= kMaxDevices)
+    return {ask(cudaDevAttrComputeCapabilityMajor) * 10 + ask(cudaDevAttrComputeCapabilityMinor),
+            ask(cudaDevAttrMultiProcessorCount)};
+  if (cc[device].load(std::memory_order_relaxed) == 0) {
+    sms[device].store(ask(cudaDevAttrMultiProcessorCount), std::memory_order_relaxed);
+    cc[device].store(ask(cudaDevAttrComputeCapabilityMajor) * 10 +
+                         ask(cudaDevAttrComputeCapabilityMinor),
+                     std::memory_order_release);  // published after sms
   }
-  return v == 2;
+  const int c = cc[device].load(std::memory_order_acquire);
+  return {c, sms[device].load(std::memory_order_relaxed)};
+}
+
+// The split-K reduction of problem pr's `split` float32 partials (in pr.workspace) into C.
+std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) {
+  const GemmParams& p = pr.params;
+  const cudaError_t e = LaunchSplitKReduce(pr.workspace, p.c, p.out_type, split,
+                                           p.batch * p.m * p.n, stream);
+  return e == cudaSuccess ? std::string() : CudaError("split-K reduction launch", e);
 }
 
 }  // namespace
@@ -80,7 +96,6 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
 
 std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   GemmParams p = pr.params;
-  const GemmConfig& cfg = kConfigs[pr.config];
   const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b;
   p.lda = a_kmajor ? p.k : p.m;  // as stored: the contiguous extent
   p.ldb = b_kmajor ? p.k : p.n;
@@ -108,9 +123,17 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   // 16-byte cp.async needs every row (and batch item) of both operands to start on 16 bytes:
   // leading dimensions that are multiples of 8 elements, 16-byte aligned bases.
   const bool aligned = p.lda % 8 == 0 && p.ldb % 8 == 0 && Aligned(p.a) && Aligned(p.b);
-  const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
-  const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(pr.config, variant)
-                                                   : KernelBF16(pr.config, variant);
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
+  const DeviceInfo dev = Info(device);
+
+  // An sm90 row runs the Hopper kernel on compute capability 9.0 when TMA can address both
+  // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
+  int config = pr.config;
+  if (kConfigs[config].kind == Kind::kSm90 &&
+      !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
+    config = Sm80Fallback(config);
+  const GemmConfig& cfg = kConfigs[config];
 
   const int64_t tiles_m = (p.m + cfg.bm - 1) / cfg.bm, tiles_n = (p.n + cfg.bn - 1) / cfg.bn;
   if (tiles_m * tiles_n > INT32_MAX) return "problem too large: more than 2^31 output tiles";
@@ -119,18 +142,28 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   const int split = EffectiveSplitK(pr);
   p.split_k = split;
   p.k_tiles_per_split = static_cast<int>(KTilesPerSplit(pr));
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
-  // Split-K: on sm_90+ with at most kMaxClusterSplit slices, the slices of a tile form one
+  // Split-K: on sm_90+ with at most kMaxClusterSplit slices, the slices of an sm80 tile form one
   // thread block cluster and reduce through distributed shared memory; otherwise they write
   // float32 partials to the workspace and a second kernel sums them into C.
-  p.cluster_reduce = split > 1 && split <= kMaxClusterSplit && HasClusters(device);
+  p.cluster_reduce =
+      cfg.kind == Kind::kSm80 && split > 1 && split <= kMaxClusterSplit && dev.cc >= 90;
   if (split > 1 && !p.cluster_reduce) {
     p.c = pr.workspace;
     p.out_type = OutType::kF32;
   }
+  if (cfg.kind == Kind::kSm90) {
+    if (std::string err = LaunchSm90(p, config, pr.in_type, a_kmajor, b_kmajor, device, dev.sms,
+                                     stream);
+        !err.empty())
+      return err;
+    return split > 1 ? ReduceSplits(pr, split, stream) : std::string();
+  }
+
+  const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
+  const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(config, variant)
+                                                   : KernelBF16(config, variant);
   if (device < kMaxDevices) {
-    auto& mask = g_smem_configured[int(pr.in_type)][pr.config][variant];
+    auto& mask = g_smem_configured[int(pr.in_type)][config][variant];
     const uint64_t bit = uint64_t(1) << device;
     if (!(mask.load(std::memory_order_acquire) & bit)) {
       cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -165,12 +198,7 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   if (e != cudaSuccess) return CudaError("cudaLaunchKernelExC", e);
   e = cudaGetLastError();
   if (e != cudaSuccess) return CudaError("kernel launch", e);
-  if (split > 1 && !p.cluster_reduce) {
-    e = LaunchSplitKReduce(pr.workspace, pr.params.c, pr.params.out_type, split,
-                           p.batch * p.m * p.n, stream);
-    if (e != cudaSuccess) return CudaError("split-K reduction launch", e);
-  }
-  return {};
+  return split > 1 && !p.cluster_reduce ? ReduceSplits(pr, split, stream) : std::string();
 }
 
 }  // namespace tcgemm

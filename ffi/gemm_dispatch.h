@@ -25,6 +25,12 @@ inline int VariantIndex(bool a_kmajor, bool b_kmajor, bool aligned) {
 KernelEntry KernelF16(int config, int variant);
 KernelEntry KernelBF16(int config, int variant);
 
+// Defined in gemm_kernels_sm90.cu (sm_90a): launches sm90 config `config` with params p as
+// LaunchGemm prepared them (tiles, split, leading dimensions, packed operands; for split-K, C
+// redirected to the float32 workspace), one persistent block per SM of the `sms`.
+std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
+                       bool b_kmajor, int device, int sms, cudaStream_t stream);
+
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);
 

@@ -7,17 +7,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gemm_convert.cuh"
 #include "gemm_dispatch.h"
 
 namespace tcgemm {
 namespace {
-
-template <typename Out>
-__device__ __forceinline__ Out from_float(float x) {
-  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return x;
-}
 
 // Each thread sums VEC consecutive elements over all slices. VEC = 4 needs count % 4 == 0
 // (then every slice and every output group is 16- / 8-byte aligned).
@@ -41,13 +35,13 @@ __global__ void __launch_bounds__(256) splitk_reduce_kernel(const float* __restr
       }
     }
     if constexpr (VEC == 4 && !std::is_same_v<Out, float>) {
-      struct alignas(8) Out4 { Out x[4]; } o{{from_float<Out>(sum[0]), from_float<Out>(sum[1]),
-                                              from_float<Out>(sum[2]), from_float<Out>(sum[3])}};
+      struct alignas(8) Out4 { Out x[4]; } o{{convert<Out>(sum[0]), convert<Out>(sum[1]),
+                                              convert<Out>(sum[2]), convert<Out>(sum[3])}};
       *reinterpret_cast<Out4*>(c + g * VEC) = o;
     } else if constexpr (VEC == 4) {
       *reinterpret_cast<float4*>(c + g * VEC) = make_float4(sum[0], sum[1], sum[2], sum[3]);
     } else {
-      c[g] = from_float<Out>(sum[0]);
+      c[g] = convert<Out>(sum[0]);
     }
   }
 }

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "gemm_config.h"
+#include "gemm_convert.cuh"
 #include "gemm_params.h"
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
@@ -156,13 +157,6 @@ struct WarpFragments {
     }
   }
 };
-
-template <typename Out>
-__device__ __forceinline__ Out convert(float x) {
-  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return x;
-}
 
 // Writes four float32 values to C[row][col..col+3] (row-major, ldc = N) as Out: one 8- or
 // 16-byte store when N % 4 == 0 (then every quad is aligned), else element by element up to N.

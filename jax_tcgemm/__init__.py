@@ -1,4 +1,5 @@
-"""jax_tcgemm: tensor-core GEMM kernels (cp.async + ldmatrix + mma.sync) as a JAX primitive.
+"""jax_tcgemm: tensor-core GEMM kernels (cp.async + ldmatrix + mma.sync; TMA + wgmma on compute
+capability 9.0) as a JAX primitive.
 
 Public API::
 

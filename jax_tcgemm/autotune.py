@@ -75,10 +75,12 @@ def _store(k: str, entry: dict) -> None:
         pass
 
 
-def candidates(m: int, n: int, k: int, batch: int = 1) -> list[tuple[str, int]]:
-    """Every config with split 1, its modelled best split, and powers of two up to 16."""
+def candidates(m: int, n: int, k: int, batch: int = 1, arch=None) -> list[tuple[str, int]]:
+    """Every config worth trying on a device of compute capability `arch` (configs.configs_for:
+    sm90 rows on 9.0 only; None as in configs.plan: sm80 rows only) with split 1, its
+    modelled best split, and powers of two up to 16, within configs.splits (sm90 rows: 1)."""
     out = []
-    for c in configs.CONFIGS:
+    for c in configs.configs_for(arch):
         allowed = set(configs.splits(c, k))
         for s in sorted({1, configs.split_k(c, m, n, k, batch), 2, 4, 8, 16} & allowed):
             out.append((c.name, s))
@@ -88,7 +90,8 @@ def candidates(m: int, n: int, k: int, batch: int = 1) -> list[tuple[str, int]]:
 def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 7,
             cands=None) -> list[dict]:
     """Median seconds per product of each candidate, on the default device: rows
-    {config, split_k, seconds}, fastest first. Runs eagerly even when called while tracing."""
+    {config, split_k, seconds}, fastest first. Runs eagerly even when called while tracing.
+    cands: (config, split_k) pairs; default: candidates() for the default device's arch."""
     import jax
     from . import bench
     from .primitives import tcgemm
@@ -104,7 +107,7 @@ def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 
         a_list = tuple(rand(keys[i], a_shape, np.dtype(dtype), 1.0) for i in range(r))
         b = rand(keys[r], b_shape, np.dtype(dtype), 1.0 / math.sqrt(max(k, 1)))
         fns = {}
-        for name, s in (cands or candidates(m, n, k, batch)):
+        for name, s in (cands or candidates(m, n, k, batch, configs.device_arch())):
             op = (lambda x, y, name=name, s=s:
                   tcgemm(x, y, transpose_a=ta, transpose_b=tb, config=name, split_k=s))
             fns[(name, s)] = bench._harness(op, barrier=True)
@@ -116,20 +119,22 @@ def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 
 
 def plan(m: int, n: int, k: int, batch: int, dtype, layout: str) -> tuple[str, int]:
     """(config, split_k): the cached or freshly tuned winner when autotuning is on and a GPU
-    is the default backend; configs.plan's model otherwise."""
+    is the default backend; configs.plan's model otherwise. Either way for the default
+    device's compute capability (configs.device_arch(): sm90 configs on 9.0 only)."""
+    arch = configs.device_arch()
     if not enabled() or m * n * k * batch == 0:
-        return configs.plan(m, n, k, batch, dtype, layout)
+        return configs.plan(m, n, k, batch, dtype, layout, arch)
     import jax
     if jax.default_backend() != "gpu":
-        return configs.plan(m, n, k, batch, dtype, layout)
+        return configs.plan(m, n, k, batch, dtype, layout, arch)
     kk = key(jax.devices()[0].device_kind, m, n, k, batch, dtype, layout)
     with _lock:
         hit = _load().get(kk)
         if hit is None or hit.get("config") not in configs.BY_NAME:
-            rows = measure(m, n, k, batch, dtype, layout)
+            rows = measure(m, n, k, batch, dtype, layout)  # candidates for device_arch()
             hit = {"config": rows[0]["config"], "split_k": rows[0]["split_k"],
                    "us": round(rows[0]["seconds"] * 1e6, 2),
-                   "model": list(configs.plan(m, n, k, batch, dtype, layout))}
+                   "model": list(configs.plan(m, n, k, batch, dtype, layout, arch))}
             _store(kk, hit)
     return hit["config"], int(hit["split_k"])
 
@@ -153,7 +158,7 @@ def main(argv=None) -> int:
     cs = ([c for spec in args.shape for c in bench.parse_shape(spec, (args.dtype,))]
           or bench.cases(args.suite, (args.dtype,)))
     for c in cs:
-        model = configs.plan(c.m, c.n, c.k, c.batch, c.dtype, c.layout)
+        model = configs.plan(c.m, c.n, c.k, c.batch, c.dtype, c.layout, configs.device_arch())
         rows = measure(c.m, c.n, c.k, c.batch, c.dtype, c.layout, reps=args.reps)
         t_model = next(r["seconds"] for r in rows if (r["config"], r["split_k"]) == model)
         print(f"{c.name} {c.batch}x{c.m}x{c.n}x{c.k} {c.dtype}: model {model[0]} k{model[1]} "

@@ -3,12 +3,14 @@ and the choice of a config for a problem."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 import re
 
-_ROW = re.compile(r"^\s*TCGEMM_CONFIG\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,"
-                  r"\s*(\d+)\s*,\s*(\d+)\s*\)", re.M)
+# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N) (sm80) or
+# TCGEMM_SM90_CONFIG(BM, BN, BK, STAGES, CONSUMERS) (Hopper); group 1 is "SM90" for the latter.
+_ROW = re.compile(r"^\s*TCGEMM_(?:(SM90)_)?CONFIG\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)", re.M)
 
 LAYOUTS = ("NN", "NT", "TN", "TT")  # BLAS letters for (A, B): N = as stored, T = transposed
 
@@ -23,13 +25,23 @@ class Config:
     bn: int
     bk: int
     stages: int
-    warps_m: int
+    warps_m: int  # sm80: warp layout; sm90: 0, 0
     warps_n: int
+    kind: str = "sm80"  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
+    consumers: int = 0  # sm90: consumer warpgroups (beside one producer warpgroup)
 
     @property
     def name(self) -> str:  # same rule as ConfigName() in ffi/gemm_config.h
-        return (f"sm80_{self.bm}x{self.bn}x{self.bk}_s{self.stages}"
-                f"_w{self.warps_m}x{self.warps_n}")
+        tile = f"{self.bm}x{self.bn}x{self.bk}_s{self.stages}"
+        if self.kind == "sm90":
+            return f"sm90_{tile}_g{self.consumers}"
+        return f"sm80_{tile}_w{self.warps_m}x{self.warps_n}"
+
+    @property
+    def threads(self) -> int:
+        if self.kind == "sm90":
+            return 128 * (self.consumers + 1)  # producer + consumer warpgroups
+        return 32 * self.warps_m * self.warps_n
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -44,9 +56,53 @@ def _table_text() -> str:
                             "(installed by CMake) nor in ../ffi (source tree)")
 
 
-CONFIGS: tuple[Config, ...] = tuple(
-    Config(*map(int, m.groups())) for m in _ROW.finditer(_table_text()))
+def _parse(row: re.Match) -> Config:
+    v = [int(x) for x in row.group(2).split(",")]
+    if row.group(1):  # SM90: BM, BN, BK, STAGES, CONSUMERS
+        bm, bn, bk, stages, consumers = v
+        return Config(bm, bn, bk, stages, 0, 0, "sm90", consumers)
+    bm, bn, bk, stages, warps_m, warps_n = v
+    return Config(bm, bn, bk, stages, warps_m, warps_n)
+
+
+# File order = the C++ config index (kConfigs in ffi/gemm_config.h), sm90 rows included.
+CONFIGS: tuple[Config, ...] = tuple(_parse(m) for m in _ROW.finditer(_table_text()))
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
+
+
+def sm80_fallback(c: Config) -> Config:
+    """The config that runs in place of c where c cannot (Sm80Fallback in ffi/gemm_config.h):
+    for an sm90 row on another GPU, or with operands TMA cannot address, the first sm80 row
+    with the same BK (same k tiles, split-K slices and workspace); c itself for sm80 rows."""
+    if c.kind == "sm80":
+        return c
+    for f in CONFIGS:
+        if f.kind == "sm80" and f.bk == c.bk:
+            return f
+    raise ValueError(f"{c.name}: no sm80 row with BK = {c.bk} to fall back to")
+
+
+@functools.cache
+def device_arch() -> tuple[int, ...] | None:
+    """Compute capability of the default JAX device, e.g. (9, 0), when the default backend is
+    a CUDA GPU; None otherwise (CPU, or a GPU that reports none). Asked once per process."""
+    import jax
+    if jax.default_backend() != "gpu":
+        return None
+    cc = getattr(jax.devices()[0], "compute_capability", None)  # "9.0" on CUDA devices
+    try:
+        return tuple(int(x) for x in str(cc).split(".")) if cc else None
+    except ValueError:  # not a CUDA compute capability
+        return None
+
+
+def configs_for(arch: tuple[int, ...] | None) -> tuple[Config, ...]:
+    """The configs worth planning with on a device of compute capability `arch` (None: not
+    known, as when tracing on a CPU): sm90 rows only on 9.0, where they run as written
+    (elsewhere they would run as their sm80 fallback)."""
+    hopper = arch is not None and tuple(arch) == (9, 0)
+    return tuple(c for c in CONFIGS if c.kind == "sm80" or hopper)
+
 
 _SMS = 132  # streaming multiprocessors of an H100/H200 SXM
 _REGS_PER_THREAD = 256  # the kernels are built to use up to 255 registers (+1 granule)
@@ -56,8 +112,11 @@ _MIN_K_PER_SPLIT = 512  # a K slice shorter than this spends too long in its pip
 
 
 def blocks_per_sm(c: Config) -> int:
-    """Resident threadblocks of config c per SM (register- or shared-memory-bound)."""
-    threads = 32 * c.warps_m * c.warps_n
+    """Resident threadblocks of config c per SM (register- or shared-memory-bound; sm90 rows
+    use about 192 KB of shared memory: one)."""
+    if c.kind == "sm90":
+        return 1
+    threads = c.threads
     smem = max(c.stages * (c.bm + c.bn) * c.bk * 2,  # kSmemBytes in ffi/gemm_config.h:
                c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16),  # pipeline, epilogue,
                c.bm * (c.bn + 4) * 4)  # cluster split-K tile
@@ -85,16 +144,23 @@ _MAX_CLUSTERS = {(1, 2): 66, (1, 4): 30, (1, 8): 15, (2, 2): 132, (2, 4): 62, (2
 _PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
 _FEW_WARPS = 0.8  # rate with fewer than 8 warps resident per SM (latencies not hidden)
 _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
+# sm90 rows (TMA + wgmma, one block per SM). PLACEHOLDERS, not measured yet: to be refit from
+# H100 timings of the Hopper kernels as the sm80 constants above were.
+_PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs (placeholder)
+_PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block (placeholder)
 
 
 def _rate(c: Config, resident: int) -> float:
-    """Fraction of _PEAK that SMs holding `resident` blocks of config c reach: smaller warp tiles
-    move more shared memory per mma (64x64 warp tiles: 1, 32x32: about half), smaller block
-    tiles more global and L2 traffic (128x128: 0.875 of 128x256; H100, 8192^3: 422 vs 484
-    TFLOP/s), fewer than 8 warps per SM hide less latency."""
+    """Fraction of the peak (_PEAK; _PEAK_SM90 for sm90 rows) that SMs holding `resident`
+    blocks of config c reach: smaller warp tiles move more shared memory per mma (64x64 warp
+    tiles: 1, 32x32: about half), smaller block tiles more global and L2 traffic (128x128:
+    0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s), fewer than 8 warps per SM hide less
+    latency. sm90 rows: 1.0 for 128x256, 0.9 for 128x128 (placeholder)."""
+    intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
+    if c.kind == "sm90":
+        return 0.6 + 0.4 * min(1.0, intensity)
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
     full = resident * c.warps_m * c.warps_n >= 8
-    intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
     # BK = 64 was +5-7% on an H200 before the main loop lost its predicated loads (v7); since
     # then it is 2-3% slower on an H100 at 8192^3 (its 3 stages hide less latency than BK =
     # 32's 4), though faster on skinny products, where the per-k-tile latency term decides.
@@ -109,23 +175,29 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     Blocks (or clusters of the s slices) run in waves of the resident slots; a block walks
     its k tiles, each taking the longest of: its mma work (the SM shared by the blocks
     resident on it), a memory round trip per stages-1 tiles in flight, and its share of L2
-    bandwidth. Split-K adds the reduction.
+    bandwidth. Split-K adds the reduction. sm90 rows: one block per SM, their own peak and
+    pipeline fill, split-K always through the workspace (never a cluster).
     The operands and C must also cross HBM once; memory and compute overlap only in part."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
-    cluster = 1 < s <= MAX_CLUSTER_SPLIT  # the s slices of a tile form one cluster (sm_90)
+    hopper = c.kind == "sm90"
+    # sm80 rows: the s slices of a tile form one thread block cluster (sm_90 hardware);
+    # sm90 rows sum their slices through the workspace
+    cluster = not hopper and 1 < s <= MAX_CLUSTER_SPLIT
     if cluster:  # waves of whole clusters
         slots = s * _MAX_CLUSTERS.get((bps, s), int(0.9 * slots) // s)
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
     concurrent = min(blocks, slots)
     resident = min(bps, math.ceil(concurrent / _SMS))
-    t_mma = 2 * c.bm * c.bn * c.bk * resident / (_PEAK / _SMS * _rate(c, resident))
+    peak = _PEAK_SM90 if hopper else _PEAK
+    t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * _rate(c, resident))
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
     t_tile = max(t_mma, _LATENCY / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
     # With two or more resident blocks per SM one block's prologue and epilogue overlap
     # another's main loop: half the fill is hidden.
-    fill = _PIPE_FILL * 32 / c.bk / (2 if resident >= 2 else 1)
+    fill = (_PIPE_FILL_SM90 * 64 if hopper else _PIPE_FILL * 32) / c.bk
+    fill /= 2 if resident >= 2 else 1
     t_gemm = math.ceil(blocks / slots) * (kt + fill) * t_tile
     if cluster:  # slices sum each other's tiles in shared memory
         t_gemm += (blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
@@ -150,12 +222,25 @@ def effective_split(c: Config, k: int, split_k: int) -> int:
 PACK_MIN_FLOP = 2**27
 
 
+def _rows_aligned(m: int, n: int, k: int, transpose_a: bool, transpose_b: bool) -> bool:
+    """Whether both stored operands' rows are 16-byte (8-element) multiples."""
+    return (m if transpose_a else k) % 8 == 0 and (k if transpose_b else n) % 8 == 0
+
+
 def should_pack(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = False,
                 transpose_b: bool = False) -> bool:
     """Whether the CUDA lowering has the handler pack a misaligned operand."""
-    a_contig = m if transpose_a else k
-    b_contig = k if transpose_b else n
-    return (a_contig % 8 != 0 or b_contig % 8 != 0) and 2 * batch * m * n * k >= PACK_MIN_FLOP
+    return (not _rows_aligned(m, n, k, transpose_a, transpose_b)
+            and 2 * batch * m * n * k >= PACK_MIN_FLOP)
+
+
+def tma_addressable(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = False,
+                    transpose_b: bool = False) -> bool:
+    """Whether an sm90 config runs as itself on a 9.0 device: both operands' rows are 16-byte
+    multiples as stored or once packed (XLA's buffers are aligned). Otherwise it runs as its
+    sm80_fallback."""
+    return (_rows_aligned(m, n, k, transpose_a, transpose_b)
+            or should_pack(m, n, k, batch, transpose_a, transpose_b))
 
 
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
@@ -178,23 +263,33 @@ def splits(c: Config, k: int) -> tuple[int, ...]:
     slice at least 512 of K. (Measured on an H100: 3-, 6- or 12-block clusters were never the
     fastest and were up to 1.2x slower than 2 or 4, filling the GPCs unevenly; 16 slices,
     reduced through the workspace, were never the fastest on 10 skinny shapes and up to 1.5x
-    slower than the best.) Larger split_k values remain available explicitly."""
+    slower than the best.) Larger split_k values remain available explicitly. sm90 rows: 1
+    only (the planner never splits them; an explicit split_k still runs)."""
+    if c.kind == "sm90":
+        return (1,)
     top = max(1, min(MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))  # MAX_CLUSTER_SPLIT < MAX_SPLIT_K
     return tuple(s for s in (1, 2, 4, 8) if s <= top)
 
 
-def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):
-    """(config name, split_k) for a (batch x) M x N x K product: the pair of least modelled
-    time (ties: less compute, the earlier config of the table, then fewer slices)."""
-    del dtype, layout  # same model for both input types and all layouts (for now)
-    best = min(((*estimate(c, s, m, n, k, batch), i, s)
-                for i, c in enumerate(CONFIGS) for s in splits(c, k)))
+def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
+         arch: tuple[int, ...] | None = None):
+    """(config name, split_k) for a (batch x) M x N x K product on a device of compute
+    capability `arch` (device_arch() for the default device; None: sm80 rows only): the pair
+    of least modelled time (ties: less compute, the earlier config of the table, then fewer
+    slices). sm90 rows compete only where they would run as themselves (tma_addressable)."""
+    del dtype  # same model for both input types and all layouts (for now; the layout only
+    # decides whether an sm90 row would run as itself)
+    hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
+    best = min(((*estimate(c, s, m, n, k, batch), CONFIGS.index(c), s)
+                for c in configs_for(arch) if c.kind == "sm80" or hopper_ok
+                for s in splits(c, k)))
     return CONFIGS[best[2]].name, best[3]
 
 
-def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN") -> str:
+def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
+           arch: tuple[int, ...] | None = None) -> str:
     """Name of the config plan() picks."""
-    return plan(m, n, k, batch, dtype, layout)[0]
+    return plan(m, n, k, batch, dtype, layout, arch)[0]
 
 
 def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:

@@ -38,8 +38,10 @@ def _dims(a_shape, b_shape, transpose_a, transpose_b):
 def tcgemm(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None, config=None,
            split_k=None):
     """Binds tcgemm_p. out_dtype defaults to the operands' dtype; config and split_k to
-    autotune.plan for the shapes (configs.plan's cost model unless autotuning is on); a given
-    config runs with split_k = 1 unless split_k is given too."""
+    autotune.plan for the shapes (configs.plan's cost model unless autotuning is on), planned
+    for the default device's compute capability (configs.device_arch(): sm90 configs only on
+    9.0); a given config runs with split_k = 1 unless split_k is given too. An sm90 config
+    runs on any GPU: elsewhere, or on operands TMA cannot address, as configs.sm80_fallback."""
     out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
     if config is None and np.ndim(a) == 3 and np.ndim(b) == 3:
         bt, m, n, k, _ = _dims(a.shape, b.shape, transpose_a, transpose_b)

@@ -26,6 +26,8 @@ LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, tran
 LAYOUT_IDS = [configs.layout_name(*t) for t in LAYOUTS]
 S = jax.ShapeDtypeStruct
 CFG0 = configs.CONFIGS[0].name
+SM90 = [c for c in configs.CONFIGS if c.kind == "sm90"]  # tests/test_arch_cpu.py: their rules
+CFG64 = [c for c in configs.CONFIGS if c.kind == "sm80" and c.bk == 64][-1].name  # by property
 
 
 @pytest.fixture(autouse=True)
@@ -77,11 +79,16 @@ def test_config_names_procedural_and_unique():
     assert len(configs.CONFIGS) >= 1
     names = [c.name for c in configs.CONFIGS]
     assert len(set(names)) == len(names)
+    kinds = [c.kind for c in configs.CONFIGS]
+    assert set(kinds) <= {"sm80", "sm90"} and kinds[0] == "sm80"
+    assert kinds == sorted(kinds)  # sm90 rows come last in the table (= C++ index order)
     for c in configs.CONFIGS:
-        assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
-        assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
-        assert configs.BY_NAME[c.name] is c
-        assert c.bm % (16 * c.warps_m) == 0 and c.bn % (8 * c.warps_n) == 0 and c.bk % 16 == 0
+        assert configs.BY_NAME[c.name] is c and c.bk % 16 == 0
+        if c.kind == "sm80":
+            assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
+            assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
+            assert c.consumers == 0 and c.threads == 32 * c.warps_m * c.warps_n
+            assert c.bm % (16 * c.warps_m) == 0 and c.bn % (8 * c.warps_n) == 0
     assert configs.LAYOUTS == ("NN", "NT", "TN", "TT")
     assert [configs.layout_name(*t) for t in LAYOUTS] == ["NN", "NT", "TN", "TT"]
 
@@ -93,7 +100,8 @@ def test_config_names_procedural_and_unique():
 def test_select_returns_known_config(m, n, k, batch):
     for dt in IN_DTYPES:
         for layout in configs.LAYOUTS:
-            assert configs.select(m, n, k, batch, dt, layout) in configs.BY_NAME
+            for arch in (None, (9, 0)):
+                assert configs.select(m, n, k, batch, dt, layout, arch) in configs.BY_NAME
 
 
 def test_extension_config_names_match_python_table():
@@ -107,9 +115,10 @@ def test_extension_config_names_match_python_table():
 @pytest.mark.parametrize("m,n,k,batch", [
     (16, 11008, 4096, 1), (128, 4096, 11008, 1), (16, 8192, 28672, 1), (8192, 8192, 8192, 1),
     (4096, 4096, 4096, 1), (256, 256, 256, 64), (64, 64, 65536, 1), (5, 7, 0, 1)], ids=str)
-def test_plan_split_k(m, n, k, batch):
+@pytest.mark.parametrize("arch", [None, (9, 0)], ids=str)
+def test_plan_split_k(m, n, k, batch, arch):
     """Skinny long-K products split K, tile-rich ones do not, and every slice is >= 512 deep."""
-    name, split = configs.plan(m, n, k, batch)
+    name, split = configs.plan(m, n, k, batch, arch=arch)
     c = configs.BY_NAME[name]
     assert 1 <= split <= min(16, configs.MAX_SPLIT_K) and split in configs.splits(c, k)
     slots = 132 * configs.blocks_per_sm(c)  # resident blocks of a full wave
@@ -124,15 +133,24 @@ def test_autotune_off_by_default_uses_model(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_TCGEMM_AUTOTUNE", raising=False)
     monkeypatch.setenv("JAX_TCGEMM_CACHE_DIR", str(tmp_path))
     assert not autotune.enabled()
-    assert autotune.plan(16, 4096, 4096, 1, F16, "NN") == configs.plan(16, 4096, 4096, 1)
+    arch = configs.device_arch()  # the model plans for the default device
+    for shape in [(16, 4096, 4096, 1), (8192, 8192, 8192, 1)]:
+        assert autotune.plan(*shape, F16, "NN") == configs.plan(*shape, arch=arch)
     monkeypatch.setenv("JAX_TCGEMM_AUTOTUNE", "1")
-    assert autotune.enabled()  # on CPU it still answers with the model and times nothing
-    assert autotune.plan(16, 4096, 4096, 1, F16, "NN") == configs.plan(16, 4096, 4096, 1)
-    assert not (tmp_path / "autotune.json").exists()
-    cands = autotune.candidates(16, 4096, 4096)
-    assert ("sm80_64x64x32_s4_w2x2", 1) in cands and len(set(cands)) == len(cands)
-    assert all(c in configs.BY_NAME and s in configs.splits(configs.BY_NAME[c], 4096)
-               for c, s in cands)
+    assert autotune.enabled()
+    if jax.default_backend() != "gpu":  # on CPU it still answers with the model, times nothing
+        assert autotune.plan(16, 4096, 4096, 1, F16, "NN") == configs.plan(16, 4096, 4096, 1)
+        assert autotune.plan(8192, 8192, 8192, 1, F16, "NN")[0].startswith("sm80_")
+        assert not (tmp_path / "autotune.json").exists()
+    for arch in (None, (8, 0), (9, 0)):
+        cands = autotune.candidates(16, 4096, 4096, 1, arch)
+        assert ("sm80_64x64x32_s4_w2x2", 1) in cands and len(set(cands)) == len(cands)
+        assert all(c in configs.BY_NAME and s in configs.splits(configs.BY_NAME[c], 4096)
+                   for c, s in cands)
+        hopper = {c for c, _ in cands if configs.BY_NAME[c].kind == "sm90"}
+        assert hopper == ({c.name for c in SM90} if arch == (9, 0) else set()), arch
+        assert all(s == 1 for c, s in cands if c in hopper)
+    assert autotune.candidates(16, 4096, 4096) == autotune.candidates(16, 4096, 4096, 1, None)
 
 
 def test_extension_missing_is_reported():
@@ -402,7 +420,7 @@ def emit_without_extension(monkeypatch):  # lowering only emits the call: inspec
 @pytest.mark.parametrize("out_dtype,mlir_t", [(F16, "f16"), (BF16, "bf16"), (F32, "f32")], ids=str)
 def test_cuda_lowering_text(emit_without_extension, ta, tb, out_dtype, mlir_t):
     a, b = h(2, 9, 5) if ta else h(2, 5, 9), h(1, 3, 9) if tb else h(1, 9, 3)
-    cfg = configs.CONFIGS[-1].name
+    cfg = CFG64
     f = lambda x, y: tcgemm(x, y, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype, config=cfg)
     text = cuda_text(f, a, b)
     (call,) = custom_calls(text)
@@ -414,18 +432,20 @@ def test_cuda_lowering_text(emit_without_extension, ta, tb, out_dtype, mlir_t):
 
 def test_cuda_lowering_split_k_workspace(emit_without_extension):
     """split_k > 1: the call gets a float32 workspace result of split_k * B * M * N for the
-    slices that run (K = 192 is 3 k tiles of 64; with K = 9 a split of 3 leaves one slice)."""
-    cfg = configs.CONFIGS[-1].name
-    assert configs.BY_NAME[cfg].bk == 64
-    f = lambda x, y: tcgemm(x, y, out_dtype=BF16, config=cfg, split_k=3)
-    (call,) = custom_calls(cuda_text(f, h(2, 5, 192), h(1, 192, 3)))
-    assert "split_k = 3" in call["line"] and "pack = false" in call["line"]
-    assert "tensor<2x5x3xbf16>, tensor<90xf32>" in call["line"]
-    (call,) = custom_calls(cuda_text(f, h(2, 5, 9), h(1, 9, 3)))
-    assert "tensor<0xf32>" in call["line"]
-    f1 = lambda x, y: tcgemm(x, y, config=cfg, split_k=1)
-    (call,) = custom_calls(cuda_text(f1, h(2, 5, 9), h(1, 9, 3)))
-    assert "tensor<0xf32>" in call["line"]
+    slices that run (K = 192 is 3 k tiles of 64; with K = 9 a split of 3 leaves one slice);
+    the same for an sm90 config with BK = 64 (its slices are its fallback's)."""
+    for cfg in [CFG64] + [c.name for c in SM90 if c.bk == 64]:
+        assert configs.BY_NAME[cfg].bk == 64
+        f = lambda x, y: tcgemm(x, y, out_dtype=BF16, config=cfg, split_k=3)  # noqa: B023
+        (call,) = custom_calls(cuda_text(f, h(2, 5, 192), h(1, 192, 3)))
+        assert "split_k = 3" in call["line"] and "pack = false" in call["line"]
+        assert call["config"] == cfg
+        assert "tensor<2x5x3xbf16>, tensor<90xf32>" in call["line"]
+        (call,) = custom_calls(cuda_text(f, h(2, 5, 9), h(1, 9, 3)))
+        assert "tensor<0xf32>" in call["line"]
+        f1 = lambda x, y: tcgemm(x, y, config=cfg, split_k=1)  # noqa: B023
+        (call,) = custom_calls(cuda_text(f1, h(2, 5, 9), h(1, 9, 3)))
+        assert "tensor<0xf32>" in call["line"]
 
 
 def test_cuda_lowering_grad_and_vmap(emit_without_extension):

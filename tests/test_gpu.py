@@ -42,6 +42,7 @@ OUT_DTYPES = (F16, BF16, F32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 LNAME = configs.layout_name
 CONFIG_NAMES = [c.name for c in configs.CONFIGS]
+SM90_NAMES = [c.name for c in configs.CONFIGS if c.kind == "sm90"]
 
 _tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config",
                                         "split_k"))
@@ -155,11 +156,42 @@ def test_split_k(m, n, k, ba, bb, dtype):
 
 
 def test_planner_splits_skinny_products():
-    """The cost model splits K when M is small and K long, and the result is right."""
-    name, split = configs.plan(16, 4096, 11008, 1, F16, "NN")
+    """The cost model splits K when M is small and K long (for this GPU's compute capability,
+    as tcgemm plans), and the result is right."""
+    name, split = configs.plan(16, 4096, 11008, 1, F16, "NN", configs.device_arch())
     assert split > 1, (name, split)
     a, b, ref = make("plan", 16, 4096, 11008, F16)
     check_all(a, b, ref, [(False, False)], (F16, F32), configs_=((name, split), None))
+
+
+@pytest.mark.parametrize("config", SM90_NAMES)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_sm90_configs(config, dtype):
+    """Each Hopper (TMA + wgmma) config forced, in every layout, to the input dtype and float32.
+    On compute capability 9.0 it runs as itself where both operands' rows are 16-byte multiples
+    (as stored or packed) and as its sm80 fallback elsewhere; on other GPUs always as the
+    fallback. Either way the result must match the float64 reference. Shapes are not tile
+    multiples; each layout of (300, 520, 200) and (129, 257, 1000) has rows of M, N or K that
+    are or are not 8-element multiples, so both paths run."""
+    c = configs.BY_NAME[config]
+    assert c.kind == "sm90" and configs.sm80_fallback(c).bk == c.bk
+    for m, n, k in [(300, 520, 200), (129, 257, 1000)]:
+        a, b, ref = make("sm90", m, n, k, dtype)
+        check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=(config,), what=f"{m}x{n}x{k}")
+    for ba, bb in [(3, 1), (1, 3)]:  # a batch of 3, one operand shared (stride 0)
+        a, b, ref = make("sm90_batch", 136, 264, 320, dtype, ba, bb)
+        check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=(config,),
+                  what=f"batch {ba}/{bb} 136x264x320")
+    # explicit split_k = 2: float32 workspace + reduction kernel (never a cluster for sm90)
+    a, b, ref = make("sm90_split", 200, 392, 1536, dtype)
+    check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=((config, 2),), what="200x392x1536")
+    # K = 1001: rows of K are not 16-byte multiples. 300 x 520 is large enough to be packed
+    # (then TMA-addressable); 129 x 67 is not (the sm80 fallback runs on the operands as stored)
+    for m, n in [(300, 520), (129, 67)]:
+        a, b, ref = make("sm90_odd", m, n, 1001, dtype)
+        assert configs.should_pack(m, n, 1001) is (m == 300)
+        check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=(config, (config, 2)),
+                  what=f"{m}x{n}x1001")
 
 
 @pytest.mark.parametrize("ba,bb", [(5, 5), (1, 5), (5, 1)], ids=["5x5", "1x5", "5x1"])

@@ -52,9 +52,12 @@ def test_workspace_floats_by_hand():
 
 
 @pytest.mark.skipif(not _ffi.available(), reason="CUDA extension not built")
-@pytest.mark.parametrize("config", [c.name for c in configs.CONFIGS[::3]])
+@pytest.mark.parametrize("config", list(dict.fromkeys(  # every third row and every sm90 row
+    [c.name for c in configs.CONFIGS[::3]]
+    + [c.name for c in configs.CONFIGS if c.kind == "sm90"])))
 def test_workspace_floats_match_handler(config):
-    """configs.workspace_floats == PlanWorkspace (C++) over shapes, layouts, sharing, splits."""
+    """configs.workspace_floats == PlanWorkspace (C++) over shapes, layouts, sharing, splits
+    (sm90 configs included: their workspace is their sm80 fallback's)."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         m, n, k = (int(x) for x in rng.integers(1, 3000, 3))

@@ -1,9 +1,11 @@
 // Low-level check of the GEMM kernels without JAX: every config x layout x dtype x output type
 // on aligned and unaligned shapes against a float64 host reference, then the time of large
 // square products. Build and run (on the GPU machine):
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iffi -c \
+//        ffi/gemm_kernels_sm90.cu -o /tmp/sm90.o
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi -x cu tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
 //        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu ffi/gemm_pack.cu \
-//        -o /tmp/selftest
+//        /tmp/sm90.o -o /tmp/selftest
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
 //   /tmp/selftest --clusters   # resident blocks per SM and clusters of 2, 4, 8 per config
@@ -17,7 +19,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -141,6 +145,12 @@ static double tflops(int64_t m, int64_t n, int64_t k, double ms) {
   return 2.0 * m * n * k / (ms * 1e-3) / 1e12;
 }
 
+// Configs whose name contains $SELFTEST_CONFIGS (all when unset): a quicker run for one kind.
+static bool selected(int cfg) {
+  const char* f = std::getenv("SELFTEST_CONFIGS");
+  return !f || ConfigName(kConfigs[cfg]).find(f) != std::string::npos;
+}
+
 static const char* kLayouts[] = {"NN", "NT", "TN", "TT"};
 
 static bool within_bound(double e, int ot) { return e <= (ot == 2 ? 1e-5 : ot == 0 ? 1e-3 : 5e-3); }
@@ -191,6 +201,7 @@ static int sanitize_cases() {
 // (cudaOccupancyMaxActiveClusters): the waves of a cluster split-K launch, for the cost model.
 static int cluster_occupancy() {
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
+    if (kConfigs[cfg].kind != Kind::kSm80) continue;  // sm90 rows: no cluster launches
     const KernelEntry k = KernelF16(cfg, VariantIndex(false, false, true));
     CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
     int blocks = 0;
@@ -218,6 +229,7 @@ static int cluster_occupancy() {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
   if (argc > 1 && std::strcmp(argv[1], "--sanitize") == 0) return sanitize_cases();
   if (argc > 1 && std::strcmp(argv[1], "--clusters") == 0) return cluster_occupancy();
   std::mt19937 rng(1234);
@@ -227,7 +239,7 @@ int main(int argc, char** argv) {
   const int64_t shapes[][4] = {{1, 1, 1, 1}, {1, 17, 33, 65}, {1, 128, 256, 64}, {3, 127, 129, 255},
                                {2, 256, 128, 96}, {1, 200, 72, 0}};
   for (int cfg = 0; cfg < (timings_only ? 0 : kNumConfigs); ++cfg)
-    for (int it = 0; it < 2; ++it)
+    for (int it = 0; it < (selected(cfg) ? 2 : 0); ++it)
       for (int ot = 0; ot < 3; ++ot)
         for (int l = 0; l < 4; ++l)
           for (const auto& s : shapes) {
@@ -242,16 +254,37 @@ int main(int argc, char** argv) {
                           s[3], share, pack, e);
             }
           }
+  // sm90 rows past their stages, over more work items than SMs (the persistent loop), batched
+  // with a shared B, split-K through the workspace; every layout, input and output type.
+  for (int cfg = 0; cfg < (timings_only ? 0 : kNumConfigs); ++cfg) {
+    if (kConfigs[cfg].kind != Kind::kSm90 || !selected(cfg)) continue;
+    for (int it = 0; it < 2; ++it)
+      for (int l = 0; l < 4; ++l) {
+        // Multiples of 8 (TMA-addressable) but not of the tiles; layout TT: K = 393, packed.
+        const int ot = (it + l) % 3, split = l == 1 ? 2 : 1;
+        const bool share = l & 1, pack = l == 3;
+        const int64_t s[4] = {36, 136, 264, pack ? 393 : 392};  // 144+ work items, 7 k tiles
+        const double e = check(cfg, InType(it), OutType(ot), l >> 1, l & 1, s[0], s[1], s[2],
+                               s[3], share, rng, split, pack);
+        ++cases;
+        if (!within_bound(e, ot)) {
+          ++failures;
+          std::printf("FAIL %s in=%d out=%d %s b=%ld %ldx%ldx%ld share_b=%d split_k=%d err=%.3g\n",
+                      ConfigName(kConfigs[cfg]).c_str(), it, ot, ln[l], s[0], s[1], s[2], s[3],
+                      share, split, e);
+        }
+      }
+  }
   if (!timings_only) std::printf("selftest: %d cases, %d failures\n", cases, failures);
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
-    for (int64_t s : {4096, 8192})
+    for (int64_t s : {4096, 8192}) if (selected(cfg))
       std::printf("%s f16 %ld^3: %.1f TFLOP/s | bf16: %.1f TFLOP/s\n",
                   ConfigName(kConfigs[cfg]).c_str(), s,
                   tflops(s, s, s, time_gemm(cfg, InType::kF16, s, s, s, false, 7)),
                   tflops(s, s, s, time_gemm(cfg, InType::kBF16, s, s, s, false, 7)));
   // The unaligned case of the benchmark, packed and element-wise, next to its padded shape.
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
-    std::printf("%s f16 4095x4097x4093: packed %.1f us, element-wise %.1f us; "
+    if (selected(cfg)) std::printf("%s f16 4095x4097x4093: packed %.1f us, element-wise %.1f us; "
                 "4096x4104x4096: %.1f us\n", ConfigName(kConfigs[cfg]).c_str(),
                 1e3 * time_gemm(cfg, InType::kF16, 4095, 4097, 4093, true, 7),
                 1e3 * time_gemm(cfg, InType::kF16, 4095, 4097, 4093, false, 7),

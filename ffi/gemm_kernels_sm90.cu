@@ -1,0 +1,135 @@
+// Hopper kernels (every sm90 config x layout x input type) and their launch: TMA tensor maps
+// built on the host, one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt);
+// the dispatcher calls LaunchSm90 only on compute capability 9.0.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <utility>
+
+#include "gemm_dispatch.h"
+#include "gemm_sm90.cuh"
+
+namespace tcgemm {
+namespace {
+
+using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no libcuda link).
+Encode EncodeFn() {
+  static const Encode fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return Encode(nullptr);
+    return reinterpret_cast<Encode>(f);
+  }();
+  return fn;
+}
+
+// 3-D map of an operand stored as `items` matrices of rows x cols (cols contiguous, rows `ld`
+// elements apart, items `item_stride` apart), read in boxes of 64 columns x box_rows rows with
+// the 128-byte swizzle. Reads outside the matrix return zeros.
+std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
+                          int64_t items, int64_t ld, int64_t item_stride, int box_rows) {
+  const Encode encode = EncodeFn();
+  if (!encode) return "cuTensorMapEncodeTiled is not available from the CUDA driver";
+  const cuuint64_t dims[3] = {cuuint64_t(std::max<int64_t>(cols, 1)),
+                              cuuint64_t(std::max<int64_t>(rows, 1)), cuuint64_t(items)};
+  const int64_t item_bytes = (item_stride ? item_stride : rows * ld) * 2;
+  const cuuint64_t strides[2] = {cuuint64_t(ld * 2), cuuint64_t(std::max<int64_t>(item_bytes, 16))};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims,
+                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
+  return {};
+}
+
+struct Sm90Entry {
+  const void* fn;
+  int threads, smem_bytes, bm, bn;
+};
+
+template <typename T, int CFG, bool AK, bool BK>
+Sm90Entry MakeSm90() {
+  using Tr = Sm90Traits<CFG>;
+  return {reinterpret_cast<const void*>(&gemm_sm90_kernel<T, CFG, AK, BK>), Tr::kThreads,
+          Tr::kSmemBytes, Tr::kBM, Tr::kBN};
+}
+
+// Entries of config CFG in layout order (a_kmajor * 2 + b_kmajor); sm80 rows have none.
+template <typename T, int CFG>
+std::array<Sm90Entry, 4> Sm90Entries() {
+  if constexpr (kConfigs[CFG].kind == Kind::kSm90) {
+    return {MakeSm90<T, CFG, false, false>(), MakeSm90<T, CFG, false, true>(),
+            MakeSm90<T, CFG, true, false>(), MakeSm90<T, CFG, true, true>()};
+  } else {
+    return {};
+  }
+}
+
+template <typename T, int... CFGs>
+Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>) {
+  static const std::array<Sm90Entry, 4> table[] = {Sm90Entries<T, CFGs>()...};
+  return table[config][layout];
+}
+
+constexpr int kMaxDevices = 64;
+std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // shared-memory limit raised, per device
+
+}  // namespace
+
+std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
+                       bool b_kmajor, int device, int sms, cudaStream_t stream) {
+  const int layout = int(a_kmajor) * 2 + int(b_kmajor);
+  const Sm90Entry k =
+      in_type == InType::kF16
+          ? LookupSm90<__half>(config, layout, std::make_integer_sequence<int, kNumConfigs>{})
+          : LookupSm90<__nv_bfloat16>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
+  if (!k.fn) return "config is not an sm90 row";
+  const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
+  if (work == 0) return {};
+
+  CUtensorMap map_a, map_b;
+  const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
+  const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
+  std::string err = EncodeOperand(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
+                                  p.stride_a, a_kmajor ? k.bm : 64);
+  if (err.empty())
+    err = EncodeOperand(&map_b, p.b, b_cols, b_rows, p.stride_b ? p.batch : 1, p.ldb, p.stride_b,
+                        b_kmajor ? k.bn : 64);
+  if (!err.empty()) return err;
+
+  const uint64_t bit = device < kMaxDevices ? uint64_t(1) << device : 0;
+  auto& mask = g_configured[int(in_type)][config][layout];
+  if (!bit || !(mask.load(std::memory_order_acquire) & bit)) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
+    if (e != cudaSuccess)
+      return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+    if (bit) mask.fetch_or(bit, std::memory_order_release);
+  }
+
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));
+  GemmParams pc = p;
+  void* args[] = {&pc, &map_a, &map_b};
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(blocks);
+  launch.blockDim = dim3(k.threads);
+  launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
+  launch.stream = stream;
+  cudaError_t e = cudaLaunchKernelExC(&launch, k.fn, args);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("sm90 kernel launch: ") + cudaGetErrorString(e);
+  return {};
+}
+
+}  // namespace tcgemm

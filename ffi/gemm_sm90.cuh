@@ -1,0 +1,256 @@
+// The Hopper GEMM kernel template (compute capability 9.0, built for sm_90a):
+// C[z] = A[z] · B[z] for z < batch, as a persistent, warp-specialized pipeline.
+//
+//   grid         : one block per SM; each walks the work list (output tile x batch item x K
+//                  slice) with stride gridDim.x, grouped rasterization for L2 reuse
+//   producer     : warpgroup 0, one thread: TMA bulk tensor copies of the next k tile of A
+//                  (BM x 64) and B (64 x BN) into stage s, completing on mbarrier full[s],
+//                  after waiting for empty[s] (the consumers are done with that stage)
+//   consumers    : warpgroups 1..G, each owns BM/G = 64 rows: per k tile, four
+//                  wgmma.m64nBNk16 straight from shared memory (no ldmatrix, no register
+//                  fragments for A or B), one commit group in flight while the next k tile is
+//                  waited for; then the float32 accumulators go to C from registers
+//   shared tiles : 128-byte swizzle (TMA writes it, wgmma reads it: conflict-free); a K-major
+//                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
+//                  of 64 k rows, one box per 64 of M or N
+//
+// Split-K slices write float32 partials to the workspace (the dispatcher points p.c there and
+// launches the reduction), as the sm80 kernel's workspace path does; a batch item whose stride
+// is 0 reads item 0. The producer moves on to the next work item while the consumers store the
+// previous one, so prologue and epilogue overlap the neighbouring tiles' main loops.
+#pragma once
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gemm_config.h"
+#include "gemm_convert.cuh"
+#include "gemm_params.h"
+#include "ptx/ldmatrix.cuh"  // cvta_to_shared
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace tcgemm {
+
+template <int CFG>
+struct Sm90Traits {
+  static constexpr GemmConfig c = kConfigs[CFG];
+  static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
+  static constexpr int kConsumers = c.consumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kABytes = kBM * kBK * 2;
+  static constexpr int kBBytes = kBN * kBK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kBox = 64 * kBK * 2;  // one 64-wide box of an M/N-major tile, in bytes
+  // Dynamic shared memory: the stages, plus slack to align them to 1024 bytes (the period of
+  // the 128-byte swizzle, which the wgmma descriptors assume starts at offset 0).
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+
+  static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
+  static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");
+  static_assert(kBM == 64 * kConsumers, "each consumer warpgroup owns 64 rows");
+  static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
+  static_assert(kBM <= 256 && kBN <= 256, "a TMA box spans at most 256 rows");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                "setmaxnreg budget exceeds the register file");
+  static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
+};
+
+// wgmma shared-memory matrix descriptor (PTX 9.7.15.5.1.2): start address, leading and stride
+// byte offsets (all >> 4), 128-byte swizzle. K-major tiles: 8-row core-matrix groups 1024 bytes
+// apart (stride), the leading offset unused. M/N-major tiles: 8-k-row groups 1024 bytes apart
+// (stride), 64-element boxes kBox apart along M/N (leading).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead >> 4) << 16) |
+         (uint64_t(stride >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <typename T, int BN, bool A_KMAJOR, bool B_KMAJOR>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[BN / 2], uint64_t da, uint64_t db) {
+  constexpr int ta = A_KMAJOR ? 0 : 1, tb = B_KMAJOR ? 0 : 1;
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (BN == 256) ptx::wgmma_m64n256k16<ta, tb, bf16>(acc, da, db, 1);
+  else ptx::wgmma_m64n128k16<ta, tb, bf16>(acc, da, db, 1);
+}
+
+// Two adjacent outputs C[row][col], C[row][col + 1] (col even): one 4- or 8-byte store when N is
+// even (then the pair is aligned), else element by element; nothing past M or N.
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* __restrict__ c, int64_t m, int64_t n, int64_t row,
+                                           int64_t col, float v0, float v1) {
+  if (row >= m || col >= n) return;
+  Out* dst = c + row * n + col;
+  if ((n & 1) == 0) {
+    if constexpr (std::is_same_v<Out, float>) {
+      *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+    } else {
+      struct alignas(4) Out2 { Out x[2]; } o{{convert<Out>(v0), convert<Out>(v1)}};
+      *reinterpret_cast<Out2*>(dst) = o;
+    }
+  } else {
+    dst[0] = convert<Out>(v0);
+    if (col + 1 < n) dst[1] = convert<Out>(v1);
+  }
+}
+
+// A consumer warpgroup's 64 x BN accumulators to C (thread layout in ptx/wgmma.cuh).
+template <typename Out, int BN>
+__device__ __forceinline__ void store_acc(const GemmParams& p, int64_t c_off, const float (&acc)[BN / 2],
+                                          int64_t row0, int64_t col0, int t) {
+  Out* c = static_cast<Out*>(p.c) + c_off;
+  const int lane = t & 31;
+  const int64_t r = row0 + (t >> 5) * 16 + (lane >> 2);
+  const int64_t col = col0 + 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    store_pair(c, p.m, p.n, r, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
+    store_pair(c, p.m, p.n, r + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+// Work item w -> output tile origin, batch item, K slice (the slice outermost, then the batch
+// item, then tiles in groups of kGroupM tile rows, column-major inside a group).
+struct Sm90Work {
+  int64_t m0, n0, z;
+  int slice, kt0, ktiles;
+};
+template <int BM, int BN>
+__device__ __forceinline__ Sm90Work decode_work(const GemmParams& p, int64_t w, int ktiles_all) {
+  constexpr int kGroupM = 8;
+  const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
+  const int64_t tile = w % tiles, rest = w / tiles;
+  const int group_size = kGroupM * p.tiles_n;
+  const int pid = static_cast<int>(tile);
+  const int first_m = (pid / group_size) * kGroupM;
+  const int group_m = min(p.tiles_m - first_m, kGroupM);
+  Sm90Work r;
+  r.m0 = int64_t(first_m + (pid % group_size) % group_m) * BM;
+  r.n0 = int64_t((pid % group_size) / group_m) * BN;
+  r.z = rest % p.batch;
+  r.slice = static_cast<int>(rest / p.batch);
+  r.kt0 = r.slice * p.k_tiles_per_split;
+  r.ktiles = max(0, min(ktiles_all - r.kt0, p.k_tiles_per_split));
+  return r;
+}
+
+template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
+__global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_a,
+                     const __grid_constant__ CUtensorMap map_b) {
+#if TCGEMM_SM90A
+  using Tr = Sm90Traits<CFG>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  __shared__ __align__(8) uint64_t full[Tr::kStages], empty[Tr::kStages];
+  const uint32_t smem = (ptx::cvta_to_shared(smem_raw) + 1023u) & ~1023u;
+  auto a_stage = [&](int s) { return smem + s * Tr::kStageBytes; };
+  auto b_stage = [&](int s) { return smem + s * Tr::kStageBytes + Tr::kABytes; };
+  auto full_bar = [&](int s) { return ptx::cvta_to_shared(&full[s]); };
+  auto empty_bar = [&](int s) { return ptx::cvta_to_shared(&empty[s]); };
+
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Tr::kStages; ++s) {
+      ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
+      ptx::mbarrier_init(empty_bar(s), Tr::kConsumers);  // one arrival per consumer warpgroup
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+  const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
+
+  if (wg == 0) {  // producer
+    ptx::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (t != 0) return;
+    ptx::prefetch_tensormap(&map_a);
+    ptx::prefetch_tensormap(&map_b);
+    int s = 0;
+    uint32_t phase = 0;
+    for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
+      const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
+      const int za = p.stride_a ? static_cast<int>(wk.z) : 0;
+      const int zb = p.stride_b ? static_cast<int>(wk.z) : 0;
+      const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
+      for (int kt = wk.kt0; kt < wk.kt0 + wk.ktiles; ++kt) {
+        ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
+        ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
+        const int k0 = kt * Tr::kBK;
+        if constexpr (A_KMAJOR) {
+          ptx::tma_load_3d(a_stage(s), &map_a, full_bar(s), k0, m0, za);
+        } else {
+#pragma unroll
+          for (int i = 0; i < Tr::kBM / 64; ++i)
+            ptx::tma_load_3d(a_stage(s) + i * Tr::kBox, &map_a, full_bar(s), m0 + 64 * i, k0, za);
+        }
+        if constexpr (B_KMAJOR) {
+          ptx::tma_load_3d(b_stage(s), &map_b, full_bar(s), k0, n0, zb);
+        } else {
+#pragma unroll
+          for (int i = 0; i < Tr::kBN / 64; ++i)
+            ptx::tma_load_3d(b_stage(s) + i * Tr::kBox, &map_b, full_bar(s), n0 + 64 * i, k0, zb);
+        }
+        if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
+#ifdef TCGEMM_SM90_MN_SWAP   // (debug) swapped leading / stride offsets for M/N-major tiles
+  constexpr uint32_t kMnLead = 1024, kMnStride = Tr::kBox;
+#else
+  constexpr uint32_t kMnLead = Tr::kBox, kMnStride = 1024;
+#endif
+  int s = 0;
+  uint32_t phase = 0;
+  float acc[Tr::kBN / 2];
+  for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
+    const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
+#pragma unroll
+    for (int i = 0; i < Tr::kBN / 2; ++i) acc[i] = 0.0f;
+    int prev = -1;
+    for (int kt = 0; kt < wk.ktiles; ++kt) {
+      ptx::mbarrier_wait(full_bar(s), phase);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < Tr::kBK / 16; ++j) {
+        // A: this warpgroup's 64 rows are box cw (M-major) or rows 64 cw.. (K-major): both
+        // start cw * kBox bytes in. A k16 step is 32 bytes along a K-major row, 16 rows of
+        // 128 bytes down an M/N-major box.
+        const uint64_t da = A_KMAJOR
+            ? smem_desc(a_stage(s) + cw * Tr::kBox + 32 * j, 16, 1024)
+            : smem_desc(a_stage(s) + cw * Tr::kBox + 2048 * j, kMnLead, kMnStride);
+        const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
+                                     : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
+        wgmma_tile<T, Tr::kBN, A_KMAJOR, B_KMAJOR>(acc, da, db);
+      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
+      if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
+      prev = s;
+      if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+    }
+    ptx::wgmma_wait_group<0>();
+    if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
+
+    const int64_t c_off = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
+    const int64_t row0 = wk.m0 + 64 * cw;
+    switch (p.out_type) {
+      case OutType::kF16: store_acc<__half, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
+      case OutType::kBF16: store_acc<__nv_bfloat16, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
+      case OutType::kF32: store_acc<float, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
+    }
+  }
+#endif
+}
+
+}  // namespace tcgemm
