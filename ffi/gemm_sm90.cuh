@@ -6,8 +6,8 @@
 //   producer     : warpgroup 0, one thread: TMA bulk tensor copies of the next k tile of A
 //                  (BM x 64) and B (64 x BN) into stage s, completing on mbarrier full[s],
 //                  after waiting for empty[s] (the consumers are done with that stage)
-//   consumers    : warpgroups 1..G, each owns BM/G = 64 rows: per k tile, four
-//                  wgmma.m64nBNk16 straight from shared memory (no ldmatrix, no register
+//   consumers    : warpgroups 1..G, each owns BM/G rows (one or two m64 blocks): per k tile
+//                  and m64 block, four wgmma.m64nBNk16 straight from shared memory (no ldmatrix, no register
 //                  fragments for A or B), one commit group in flight while the next k tile is
 //                  waited for; then the float32 accumulators go to C from registers
 //   shared tiles : 128-byte swizzle (TMA writes it, wgmma reads it: conflict-free); a K-major
@@ -40,6 +40,7 @@ struct Sm90Traits {
   static constexpr GemmConfig c = kConfigs[CFG];
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
   static constexpr int kConsumers = c.consumers;
+  static constexpr int kMB = kBM / (64 * kConsumers);  // m64 blocks per consumer warpgroup
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = kBN * kBK * 2;
@@ -50,12 +51,14 @@ struct Sm90Traits {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  static constexpr int kConsumerRegs = 232;
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
   static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");
-  static_assert(kBM == 64 * kConsumers, "each consumer warpgroup owns 64 rows");
+  static_assert(kConsumers >= 1 && kBM == 64 * kConsumers * kMB && kMB >= 1,
+                "each consumer warpgroup owns a multiple of 64 rows");
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
+  static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
   static_assert(kBM <= 256 && kBN <= 256, "a TMA box spans at most 256 rows");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "setmaxnreg budget exceeds the register file");
@@ -204,7 +207,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
+  const int cw = wg - 1;  // m64 blocks [cw * kMB, cw * kMB + kMB) of the tile
 #ifdef TCGEMM_SM90_MN_SWAP   // (debug) swapped leading / stride offsets for M/N-major tiles
   constexpr uint32_t kMnLead = 1024, kMnStride = Tr::kBox;
 #else
@@ -212,26 +215,30 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #endif
   int s = 0;
   uint32_t phase = 0;
-  float acc[Tr::kBN / 2];
+  float acc[Tr::kMB][Tr::kBN / 2];
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
 #pragma unroll
-    for (int i = 0; i < Tr::kBN / 2; ++i) acc[i] = 0.0f;
+    for (int mb = 0; mb < Tr::kMB; ++mb)
+#pragma unroll
+      for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = 0.0f;
     int prev = -1;
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
       ptx::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < Tr::kBK / 16; ++j) {
-        // A: this warpgroup's 64 rows are box cw (M-major) or rows 64 cw.. (K-major): both
-        // start cw * kBox bytes in. A k16 step is 32 bytes along a K-major row, 16 rows of
-        // 128 bytes down an M/N-major box.
-        const uint64_t da = A_KMAJOR
-            ? smem_desc(a_stage(s) + cw * Tr::kBox + 32 * j, 16, 1024)
-            : smem_desc(a_stage(s) + cw * Tr::kBox + 2048 * j, kMnLead, kMnStride);
+        // A k16 step is 32 bytes along a K-major row, 16 rows of 128 bytes down an M/N-major
+        // box. m64 block b of A is box b (M-major) or rows 64 b.. (K-major): kBox * b bytes in.
         const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
                                      : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
-        wgmma_tile<T, Tr::kBN, A_KMAJOR, B_KMAJOR>(acc, da, db);
+#pragma unroll
+        for (int mb = 0; mb < Tr::kMB; ++mb) {
+          const uint32_t a = a_stage(s) + (cw * Tr::kMB + mb) * Tr::kBox;
+          const uint64_t da = A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
+                                       : smem_desc(a + 2048 * j, kMnLead, kMnStride);
+          wgmma_tile<T, Tr::kBN, A_KMAJOR, B_KMAJOR>(acc[mb], da, db);
+        }
       }
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
@@ -243,11 +250,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
 
     const int64_t c_off = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
-    const int64_t row0 = wk.m0 + 64 * cw;
-    switch (p.out_type) {
-      case OutType::kF16: store_acc<__half, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
-      case OutType::kBF16: store_acc<__nv_bfloat16, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
-      case OutType::kF32: store_acc<float, Tr::kBN>(p, c_off, acc, row0, wk.n0, t); break;
+#pragma unroll
+    for (int mb = 0; mb < Tr::kMB; ++mb) {
+      const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
+      switch (p.out_type) {
+        case OutType::kF16: store_acc<__half, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t); break;
+        case OutType::kBF16:
+          store_acc<__nv_bfloat16, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t);
+          break;
+        case OutType::kF32: store_acc<float, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t); break;
+      }
     }
   }
 #endif

@@ -144,10 +144,11 @@ _MAX_CLUSTERS = {(1, 2): 66, (1, 4): 30, (1, 8): 15, (2, 2): 132, (2, 4): 62, (2
 _PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
 _FEW_WARPS = 0.8  # rate with fewer than 8 warps resident per SM (latencies not hidden)
 _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
-# sm90 rows (TMA + wgmma, one block per SM). PLACEHOLDERS, not measured yet: to be refit from
-# H100 timings of the Hopper kernels as the sm80 constants above were.
-_PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs (placeholder)
-_PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block (placeholder)
+# sm90 rows (TMA + wgmma, one block per SM). Checked against H100 single launches (selftest):
+# modelled 655 / 702 TFLOP/s for 128x256 at 4096^3 / 8192^3, measured 659 / 710; 128x128
+# 546 / 581, measured 544 / 556. Skinny split-K products are modelled 5-30% fast (v13 notes).
+_PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs
+_PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block
 
 
 def _rate(c: Config, resident: int) -> float:
@@ -155,10 +156,11 @@ def _rate(c: Config, resident: int) -> float:
     blocks of config c reach: smaller warp tiles move more shared memory per mma (64x64 warp
     tiles: 1, 32x32: about half), smaller block tiles more global and L2 traffic (128x128:
     0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s), fewer than 8 warps per SM hide less
-    latency. sm90 rows: 1.0 for 128x256, 0.9 for 128x128 (placeholder)."""
+    latency. sm90 rows: 1.0 for 128x256 and 256x128, 0.78 for 128x128 (measured), 0.56 for
+    64x128."""
     intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
-    if c.kind == "sm90":
-        return 0.6 + 0.4 * min(1.0, intensity)
+    if c.kind == "sm90":  # H100, 8192^3 single launch: 128x128 reaches 0.78 of 128x256
+        return 0.12 + 0.88 * min(1.0, intensity)
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
     full = resident * c.warps_m * c.warps_n >= 8
     # BK = 64 was +5-7% on an H200 before the main loop lost its predicated loads (v7); since
