@@ -71,7 +71,11 @@ for src in "${srcs[@]}"; do
   obj="$BUILD/$(basename "$src").o"
   # rebuilt when missing or older than the source or anything under ffi/ (headers)
   if [ -e "$obj" ] && [ -z "$(find "$REPO/ffi" "$src" -newer "$obj" -print -quit)" ]; then continue; fi
-  (nvcc "${F[@]}" -x cu -c "$src" -o "$obj" >"$BUILD/$(basename "$src").log" 2>&1 || { rm -f "$obj"; exit 1; }) &
+  flags=("${F[@]}")  # the wgmma kernels exist only for sm_90a (elsewhere never launched)
+  if [ "$(basename "$src")" = gemm_kernels_sm90.cu ] && [ "$TCGEMM_ARCH" = sm_90 ]; then
+    flags=(-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a "-I$REPO/ffi")
+  fi
+  (nvcc "${flags[@]}" -x cu -c "$src" -o "$obj" >"$BUILD/$(basename "$src").log" 2>&1 || { rm -f "$obj"; exit 1; }) &
   pids+=($!)
 done
 build_ok=1
