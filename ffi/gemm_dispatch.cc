@@ -48,10 +48,12 @@ DeviceInfo Info(int device) {
     return {ask(cudaDevAttrComputeCapabilityMajor) * 10 + ask(cudaDevAttrComputeCapabilityMinor),
             ask(cudaDevAttrMultiProcessorCount)};
   if (cc[device].load(std::memory_order_relaxed) == 0) {
-    sms[device].store(ask(cudaDevAttrMultiProcessorCount), std::memory_order_relaxed);
-    cc[device].store(ask(cudaDevAttrComputeCapabilityMajor) * 10 +
-                         ask(cudaDevAttrComputeCapabilityMinor),
-                     std::memory_order_release);  // published after sms
+    const int s = ask(cudaDevAttrMultiProcessorCount);
+    const int c = ask(cudaDevAttrComputeCapabilityMajor) * 10 +
+                  ask(cudaDevAttrComputeCapabilityMinor);
+    if (s <= 0 || c <= 0) return {c, s};  // a failed query is asked again next time
+    sms[device].store(s, std::memory_order_relaxed);
+    cc[device].store(c, std::memory_order_release);  // published after sms
   }
   const int c = cc[device].load(std::memory_order_acquire);
   return {c, sms[device].load(std::memory_order_relaxed)};
@@ -75,8 +77,10 @@ int EffectiveSplitK(const GemmProblem& pr) {
 WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
   const GemmParams& p = pr.params;
   WorkspacePlan w;
+  // Rounded up to 32 floats: the packed copies after the partials start on 128 bytes (the pack
+  // kernel's 16-byte stores, cp.async and TMA need 16) whatever split * batch * M * N is.
   if (const int split = EffectiveSplitK(pr); split > 1)
-    w.split_floats = int64_t(split) * p.batch * p.m * p.n;
+    w.split_floats = (int64_t(split) * p.batch * p.m * p.n + 31) / 32 * 32;
   auto operand = [&](bool kmajor, int64_t outer_km, int64_t stride) {
     PackedOperand o;
     o.cols = kmajor ? p.k : outer_km;           // contiguous extent

@@ -34,11 +34,11 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);
 
-// Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats),
-// then (pack_a / pack_b) the operand copies with rows padded to a multiple of 8 elements, placed
-// at the END of a workspace of `total` floats (the caller may hand over more split room than
-// the effective split needs). total_floats(pr) is what the FFI handler asks of XLA; Python's
-// configs.workspace_floats computes the same (a CPU test compares them).
+// Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
+// effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b) the operand
+// copies with rows padded to a multiple of 8 elements, each starting 16-byte aligned. total()
+// is what the FFI handler asks of XLA; Python's configs.workspace_floats computes the same (a
+// CPU test compares them).
 struct PackedOperand {
   bool packed = false;
   int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)

@@ -60,8 +60,11 @@ struct Sm90Traits {
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
   static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
   static_assert(kBM <= 256 && kBN <= 256, "a TMA box spans at most 256 rows");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
-                "setmaxnreg budget exceeds the register file");
+  // The block holds what ptxas allots each thread at entry (65536 / threads, in units of 8)
+  // times its threads; setmaxnreg.inc would wait forever for more than that.
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <=
+                    kThreads * ((65536 / kThreads) & ~7),
+                "setmaxnreg budget exceeds the registers the block holds");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
 };
 
@@ -262,6 +265,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       }
     }
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma (not sm_90a): never launched; fail loudly if so
 #endif
 }
 

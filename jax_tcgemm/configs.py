@@ -251,7 +251,7 @@ def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_share
     """float32 workspace of one call: split-K partials, then the packed operand copies (rows
     padded to 8 elements); PlanWorkspace in ffi/gemm_dispatch.cc (a CPU test compares)."""
     s = effective_split(BY_NAME[config], k, split_k)
-    total = s * batch * m * n if s > 1 else 0
+    total = (s * batch * m * n + 31) // 32 * 32 if s > 1 else 0  # packed copies 128-B aligned
     for contig, outer, shared in ((m if transpose_a else k, k if transpose_a else m, a_shared),
                                   (k if transpose_b else n, n if transpose_b else k, b_shared)):
         rows = (1 if shared else batch) * outer

@@ -44,11 +44,27 @@ def test_workspace_floats_by_hand():
                                     True) == 4095 * 4096 // 2 + 4093 * 4104 // 2
     assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
                                     False) == 0
-    # batch 3 with a shared A: A packed once, B three times; split-K partials come first
+    # batch 3 with a shared A: A packed once, B three times; split-K partials come first, their
+    # 2 * 3 * 5 * 7 = 210 floats rounded up to 224 so that the copies start 16-byte aligned
     bk = configs.BY_NAME[c].bk
     k = 4 * bk - 3
-    want = 2 * 3 * 5 * 7 + 5 * (k + 3) // 2 + 3 * k * 8 // 2
+    want = 224 + 5 * (k + 3) // 2 + 3 * k * 8 // 2
     assert configs.workspace_floats(5, 7, k, 3, True, False, False, False, c, 2, True) == want
+
+
+def test_packed_copies_start_aligned():
+    """The split-K partials before the packed copies take a multiple of 32 floats, so the copies
+    start 16-byte aligned (the pack kernel stores 16 bytes at a time) for any split * M * N."""
+    rng = np.random.default_rng(7)
+    c = configs.CONFIGS[0].name
+    for _ in range(200):
+        m, n, batch = (int(x) for x in rng.integers(1, 300, 3))
+        k, split = int(rng.integers(64, 5000)), int(rng.choice([2, 3, 5, 8]))
+        split_part = configs.workspace_floats(m, n, k, batch, False, False, False, False, c,
+                                              split, False)
+        assert split_part % 32 == 0 and split_part >= (
+            configs.effective_split(configs.BY_NAME[c], k, split) * batch * m * n
+            if configs.effective_split(configs.BY_NAME[c], k, split) > 1 else 0)
 
 
 @pytest.mark.skipif(not _ffi.available(), reason="CUDA extension not built")
