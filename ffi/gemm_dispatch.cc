@@ -69,6 +69,15 @@ std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) 
 
 }  // namespace
 
+std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device) {
+  const uint64_t bit = device >= 0 && device < kMaxDevices ? uint64_t(1) << device : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return {};
+  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
+  done.fetch_or(bit, std::memory_order_release);
+  return {};
+}
+
 int EffectiveSplitK(const GemmProblem& pr) {
   const int64_t per = KTilesPerSplit(pr);
   return static_cast<int>(std::max<int64_t>(1, (KTiles(pr) + per - 1) / per));
@@ -166,20 +175,10 @@ std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
   const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(config, variant)
                                                    : KernelBF16(config, variant);
-  if (device < kMaxDevices) {
-    auto& mask = g_smem_configured[int(pr.in_type)][config][variant];
-    const uint64_t bit = uint64_t(1) << device;
-    if (!(mask.load(std::memory_order_acquire) & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           k.smem_bytes);
-      if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
-      mask.fetch_or(bit, std::memory_order_release);
-    }
-  } else {
-    cudaError_t e =
-        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
-    if (e != cudaSuccess) return CudaError("cudaFuncSetAttribute", e);
-  }
+  if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes,
+                                       g_smem_configured[int(pr.in_type)][config][variant], device);
+      !err.empty())
+    return err;
 
   const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(split),
                   static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));

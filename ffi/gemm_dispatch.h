@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -24,6 +25,10 @@ inline int VariantIndex(bool a_kmajor, bool b_kmajor, bool aligned) {
 // Defined in gemm_kernels_f16.cu / gemm_kernels_bf16.cu (compiled in parallel).
 KernelEntry KernelF16(int config, int variant);
 KernelEntry KernelBF16(int config, int variant);
+
+// Raises kernel fn's dynamic shared-memory limit to `bytes` on `device` once: bit `device` of
+// `done` records it (devices past 63 ask every time). Empty string, or what went wrong.
+std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device);
 
 // Defined in gemm_kernels_sm90.cu (sm_90a): launches sm90 config `config` with params p as
 // LaunchGemm prepared them (tiles, split, leading dimensions, packed operands; for split-K, C

@@ -21,9 +21,9 @@ std::array<KernelEntry, kVariants> ConfigEntries() {  // order of VariantIndex
     return {};  // sm90 rows: gemm_kernels_sm90.cu (the dispatcher runs their fallback here)
   } else {
     return {MakeEntry<T, CFG, false, false, false>(), MakeEntry<T, CFG, false, false, true>(),
-          MakeEntry<T, CFG, false, true, false>(),  MakeEntry<T, CFG, false, true, true>(),
-          MakeEntry<T, CFG, true, false, false>(),  MakeEntry<T, CFG, true, false, true>(),
-          MakeEntry<T, CFG, true, true, false>(),   MakeEntry<T, CFG, true, true, true>()};
+            MakeEntry<T, CFG, false, true, false>(),  MakeEntry<T, CFG, false, true, true>(),
+            MakeEntry<T, CFG, true, false, false>(),  MakeEntry<T, CFG, true, false, true>(),
+            MakeEntry<T, CFG, true, true, false>(),   MakeEntry<T, CFG, true, true, true>()};
   }
 }
 

@@ -82,7 +82,6 @@ Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>
   return table[config][layout];
 }
 
-constexpr int kMaxDevices = 64;
 std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // shared-memory limit raised, per device
 
 }  // namespace
@@ -108,15 +107,8 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
                         b_kmajor ? k.bn : 64);
   if (!err.empty()) return err;
 
-  const uint64_t bit = device < kMaxDevices ? uint64_t(1) << device : 0;
-  auto& mask = g_configured[int(in_type)][config][layout];
-  if (!bit || !(mask.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
-    if (e != cudaSuccess)
-      return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
-    if (bit) mask.fetch_or(bit, std::memory_order_release);
-  }
+  auto& raised = g_configured[int(in_type)][config][layout];
+  if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));
   GemmParams pc = p;

@@ -211,17 +211,10 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncwarp();
     const int64_t r0 = row0 + mi * 16;
-    switch (p.out_type) {
-      case OutType::kF16:
-        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<__half*>(p.c) + c_off, stage, r0, col0, lane);
-        break;
-      case OutType::kBF16:
-        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<__nv_bfloat16*>(p.c) + c_off, stage, r0, col0, lane);
-        break;
-      case OutType::kF32:
-        copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<float*>(p.c) + c_off, stage, r0, col0, lane);
-        break;
-    }
+    with_out_type(p.out_type, [&](auto out) {
+      using Out = decltype(out);
+      copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<Out*>(p.c) + c_off, stage, r0, col0, lane);
+    });
     __syncwarp();
   }
 }
@@ -266,11 +259,9 @@ __device__ __forceinline__ void cluster_reduce_store(
           cluster.map_shared_rank(tile + row * kLd + qd * 4, s));
       sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
     }
-    switch (p.out_type) {
-      case OutType::kF16: store_quad(p, static_cast<__half*>(p.c) + c_off, gr, gc, sum); break;
-      case OutType::kBF16: store_quad(p, static_cast<__nv_bfloat16*>(p.c) + c_off, gr, gc, sum); break;
-      case OutType::kF32: store_quad(p, static_cast<float*>(p.c) + c_off, gr, gc, sum); break;
-    }
+    with_out_type(p.out_type, [&](auto out) {
+      store_quad(p, static_cast<decltype(out)*>(p.c) + c_off, gr, gc, sum);
+    });
   }
   cluster.sync();
 #endif

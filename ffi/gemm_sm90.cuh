@@ -120,6 +120,21 @@ __device__ __forceinline__ void store_acc(const GemmParams& p, int64_t c_off, co
   }
 }
 
+// The next k tile (k0) of one operand into its stage at `dst`: a K-major tile is one box of
+// 64 k x ROWS rows at (k0, mn0); an M/N-major one is ROWS/64 boxes of 64 (M or N) x 64 k rows
+// at (mn0 + 64 i, k0), kBox bytes apart.
+template <bool KMAJOR, int ROWS, int BOX_BYTES>
+__device__ __forceinline__ void tma_load_operand(uint32_t dst, const CUtensorMap* map,
+                                                 uint32_t bar, int k0, int mn0, int z) {
+  if constexpr (KMAJOR) {
+    ptx::tma_load_3d(dst, map, bar, k0, mn0, z);
+  } else {
+#pragma unroll
+    for (int i = 0; i < ROWS / 64; ++i)
+      ptx::tma_load_3d(dst + i * BOX_BYTES, map, bar, mn0 + 64 * i, k0, z);
+  }
+}
+
 // Work item w -> output tile origin, batch item, K slice (the slice outermost, then the batch
 // item, then tiles in groups of kGroupM tile rows, column-major inside a group).
 struct Sm90Work {
@@ -188,20 +203,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
         const int k0 = kt * Tr::kBK;
-        if constexpr (A_KMAJOR) {
-          ptx::tma_load_3d(a_stage(s), &map_a, full_bar(s), k0, m0, za);
-        } else {
-#pragma unroll
-          for (int i = 0; i < Tr::kBM / 64; ++i)
-            ptx::tma_load_3d(a_stage(s) + i * Tr::kBox, &map_a, full_bar(s), m0 + 64 * i, k0, za);
-        }
-        if constexpr (B_KMAJOR) {
-          ptx::tma_load_3d(b_stage(s), &map_b, full_bar(s), k0, n0, zb);
-        } else {
-#pragma unroll
-          for (int i = 0; i < Tr::kBN / 64; ++i)
-            ptx::tma_load_3d(b_stage(s) + i * Tr::kBox, &map_b, full_bar(s), n0 + 64 * i, k0, zb);
-        }
+        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, za);
+        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
@@ -256,13 +259,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
       const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
-      switch (p.out_type) {
-        case OutType::kF16: store_acc<__half, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t); break;
-        case OutType::kBF16:
-          store_acc<__nv_bfloat16, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t);
-          break;
-        case OutType::kF32: store_acc<float, Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t); break;
-      }
+      with_out_type(p.out_type, [&](auto out) {
+        store_acc<decltype(out), Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t);
+      });
     }
   }
 #elif defined(__CUDA_ARCH__)
