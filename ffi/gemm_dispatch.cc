@@ -97,7 +97,10 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
     o.rows = (stride == 0 ? 1 : p.batch) * outer;
     o.packed = pr.pack && o.cols % 8 != 0 && o.rows > 0;
     if (o.packed) {
-      o.ld = (o.cols + 7) / 8 * 8;
+      // 16-byte rows for cp.async and TMA; 128-byte rows once that costs at most 1/8 more
+      // (TMA reads rows that start mid-line 15% slower: 4096x4104x4096 245 us vs 4096x4224 211)
+      const int64_t align = o.cols >= 512 ? 64 : 8;
+      o.ld = (o.cols + align - 1) / align * align;
       o.floats = o.rows * o.ld / 2;  // 2-byte elements; ld % 8 == 0 keeps it a multiple of 4
     }
     return o;

@@ -41,7 +41,8 @@ int EffectiveSplitK(const GemmProblem& pr);
 
 // Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
 // effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b) the operand
-// copies with rows padded to a multiple of 8 elements, each starting 16-byte aligned. total()
+// copies with rows padded to a multiple of 8 elements (64 for rows of 512 or more: 128-byte
+// rows stream faster through TMA), each starting 16-byte aligned. total()
 // is what the FFI handler asks of XLA; Python's configs.workspace_floats computes the same (a
 // CPU test compares them).
 struct PackedOperand {

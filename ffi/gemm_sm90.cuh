@@ -9,7 +9,8 @@
 //   consumers    : warpgroups 1..G, each owns BM/G rows (one or two m64 blocks): per k tile
 //                  and m64 block, four wgmma.m64nBNk16 straight from shared memory (no ldmatrix, no register
 //                  fragments for A or B), one commit group in flight while the next k tile is
-//                  waited for; then the float32 accumulators go to C from registers
+//                  waited for; then the float32 accumulators go to C through a shared-memory
+//                  staging panel per warpgroup (coalesced 16-byte row stores)
 //   shared tiles : 128-byte swizzle (TMA writes it, wgmma reads it: conflict-free); a K-major
 //                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
 //                  of 64 k rows, one box per 64 of M or N
@@ -35,6 +36,13 @@
 
 namespace tcgemm {
 
+// Epilogue staging: each consumer warpgroup owns one panel of shared memory, 64 rows x 256
+// bytes (128 half or 64 float columns of its m64 block). A row's 16-byte chunks are XOR-
+// swizzled by the row (by twice the row for float, whose accumulator pairs are 8 bytes) so that
+// the accumulator writes (8 rows x 4 threads per warp) and the row-wise reads are both free of
+// bank conflicts.
+constexpr int kEpiBytes = 64 * 256;
+
 template <int CFG>
 struct Sm90Traits {
   static constexpr GemmConfig c = kConfigs[CFG];
@@ -46,9 +54,11 @@ struct Sm90Traits {
   static constexpr int kBBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kBox = 64 * kBK * 2;  // one 64-wide box of an M/N-major tile, in bytes
-  // Dynamic shared memory: the stages, plus slack to align them to 1024 bytes (the period of
-  // the 128-byte swizzle, which the wgmma descriptors assume starts at offset 0).
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  // Dynamic shared memory: the stages, one epilogue staging panel per consumer warpgroup, plus
+  // slack to align the stages to 1024 bytes (the period of the 128-byte swizzle, which the
+  // wgmma descriptors assume starts at offset 0).
+  static constexpr int kEpiOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kEpiOffset + kConsumers * kEpiBytes + 1024;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -85,38 +95,85 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[BN / 2], uint64_t da, ui
   else ptx::wgmma_m64n128k16<ta, tb, bf16>(acc, da, db, 1);
 }
 
-// Two adjacent outputs C[row][col], C[row][col + 1] (col even): one 4- or 8-byte store when N is
-// even (then the pair is aligned), else element by element; nothing past M or N.
 template <typename Out>
-__device__ __forceinline__ void store_pair(Out* __restrict__ c, int64_t m, int64_t n, int64_t row,
-                                           int64_t col, float v0, float v1) {
-  if (row >= m || col >= n) return;
-  Out* dst = c + row * n + col;
-  if ((n & 1) == 0) {
-    if constexpr (std::is_same_v<Out, float>) {
-      *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-    } else {
-      struct alignas(4) Out2 { Out x[2]; } o{{convert<Out>(v0), convert<Out>(v1)}};
-      *reinterpret_cast<Out2*>(dst) = o;
-    }
+__device__ __forceinline__ int epi_offset(int row, int byte) {  // byte: within the row's 256
+  constexpr int kShift = sizeof(Out) == 4 ? 1 : 0;
+  return row * 256 + (((byte >> 4) ^ ((row & 7) << kShift)) << 4) + (byte & 15);
+}
+
+template <typename Out>
+__device__ __forceinline__ void put_pair(char* dst, float v0, float v1) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
   } else {
-    dst[0] = convert<Out>(v0);
-    if (col + 1 < n) dst[1] = convert<Out>(v1);
+    struct alignas(4) Out2 { Out x[2]; } o{{convert<Out>(v0), convert<Out>(v1)}};
+    *reinterpret_cast<Out2*>(dst) = o;
   }
 }
 
-// A consumer warpgroup's 64 x BN accumulators to C (thread layout in ptx/wgmma.cuh).
+// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh) to C, one panel
+// at a time through its staging panel `epi`: the warpgroup writes the panel, then stores whole
+// rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
+// are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
+// elements). Nothing past M or N is written. `bar`: the warpgroup's named barrier.
 template <typename Out, int BN>
-__device__ __forceinline__ void store_acc(const GemmParams& p, int64_t c_off, const float (&acc)[BN / 2],
-                                          int64_t row0, int64_t col0, int t) {
+__device__ __forceinline__ void store_block(const GemmParams& p, int64_t c_off,
+                                            const float (&acc)[BN / 2], int64_t row0,
+                                            int64_t col0, int t, char* epi, uint32_t bar) {
+  constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
+  constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
+  static_assert(BN % kCols == 0, "whole panels");
   Out* c = static_cast<Out*>(p.c) + c_off;
-  const int lane = t & 31;
-  const int64_t r = row0 + (t >> 5) * 16 + (lane >> 2);
-  const int64_t col = col0 + 2 * (lane & 3);
+  const int lane = t & 31, warp = t >> 5;
+  const int r = warp * 16 + (lane >> 2);  // this thread's accumulator rows: r and r + 8
+  const bool vec = (p.n * int64_t(sizeof(Out))) % 16 == 0 &&
+                   (reinterpret_cast<uintptr_t>(c) & 15) == 0;
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    store_pair(c, p.m, p.n, r, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
-    store_pair(c, p.m, p.n, r + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+  for (int panel = 0; panel < BN / kCols; ++panel) {
+    ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
+#pragma unroll
+    for (int jj = 0; jj < kCols / 8; ++jj) {
+      const int j = panel * (kCols / 8) + jj;
+      const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
+      put_pair<Out>(epi + epi_offset<Out>(r, byte), acc[4 * j], acc[4 * j + 1]);
+      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
+    }
+    ptx::named_barrier_sync(bar, 128);  // the panel is complete
+    const int64_t pc = col0 + panel * kCols;
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
+        const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
+        const int64_t gr = row0 + row, gc = pc + q * kVec;
+        if (gr >= p.m || gc >= p.n) continue;
+        union {
+          uint4 v;
+          Out e[kVec];
+        } u;
+        u.v = *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
+        Out* dst = c + gr * p.n + gc;
+        if (gc + kVec <= p.n) {
+          *reinterpret_cast<uint4*>(dst) = u.v;
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e)
+            if (gc + e < p.n) dst[e] = u.e[e];
+        }
+      }
+    } else {
+      for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15
+        const int row = warp * 16 + rr;
+        const int64_t gr = row0 + row;
+        if (gr >= p.m) break;
+#pragma unroll
+        for (int u = 0; u < kCols / 32; ++u) {
+          const int e = lane + 32 * u;
+          if (pc + e < p.n)
+            c[gr * p.n + pc + e] =
+                *reinterpret_cast<const Out*>(epi + epi_offset<Out>(row, e * int(sizeof(Out))));
+        }
+      }
+    }
   }
 }
 
@@ -214,6 +271,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int cw = wg - 1;  // m64 blocks [cw * kMB, cw * kMB + kMB) of the tile
+  char* const epi = smem_raw + (smem - ptx::cvta_to_shared(smem_raw)) + Tr::kEpiOffset +
+                    cw * kEpiBytes;  // this warpgroup's staging panel
 #ifdef TCGEMM_SM90_MN_SWAP   // (debug) swapped leading / stride offsets for M/N-major tiles
   constexpr uint32_t kMnLead = 1024, kMnStride = Tr::kBox;
 #else
@@ -260,7 +319,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     for (int mb = 0; mb < Tr::kMB; ++mb) {
       const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
       with_out_type(p.out_type, [&](auto out) {
-        store_acc<decltype(out), Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t);
+        store_block<decltype(out), Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t, epi, 1 + cw);
       });
     }
   }

@@ -149,6 +149,9 @@ _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden und
 # 546 / 581, measured 544 / 556. Skinny split-K products are modelled 5-30% fast (v13 notes).
 _PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs
 _PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block
+# sm90 split-K: 2 us per slice past the first, fitted to harness timings of 128 x 4096^2 and
+# 16 x 4096^2 (every sm90 row, 1, 2 and 4 slices; H100, benchmarks/NOTES.md v15)
+_SM90_SLICE = 2e-6
 
 
 def _rate(c: Config, resident: int) -> float:
@@ -178,7 +181,8 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     its k tiles, each taking the longest of: its mma work (the SM shared by the blocks
     resident on it), a memory round trip per stages-1 tiles in flight, and its share of L2
     bandwidth. Split-K adds the reduction. sm90 rows: one block per SM, their own peak and
-    pipeline fill, split-K always through the workspace (never a cluster).
+    pipeline fill, split-K always through the workspace (never a cluster), plus _SM90_SLICE
+    per slice past the first.
     The operands and C must also cross HBM once; memory and compute overlap only in part."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
@@ -206,6 +210,8 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
                    + (s - 1) * c.bm * c.bn * 4 / _SLICE_ADD_BW)
     elif s > 1:
         t_gemm += s * batch * m * n * 4 * 2 / _BW + _LAUNCH  # workspace written once, read once
+        if hopper:  # each further slice: another pass of the persistent prologue and epilogue
+            t_gemm += (s - 1) * _SM90_SLICE
     t_mem = batch * (m * k + k * n + m * n) * elem_bytes / _BW
     return max(t_gemm, t_mem) + _OVERLAP * min(t_gemm, t_mem), t_gemm
 
@@ -245,31 +251,45 @@ def tma_addressable(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = 
             or should_pack(m, n, k, batch, transpose_a, transpose_b))
 
 
+def packed_ld(cols: int) -> int:
+    """Row length of a packed copy of rows of `cols` elements: a multiple of 8 (16 bytes, for
+    cp.async and TMA), of 64 (128 bytes: TMA streams rows that start mid-line ~15% slower) once
+    that adds at most 1/8. Same rule as PlanWorkspace in ffi/gemm_dispatch.cc."""
+    align = 64 if cols >= 512 else 8
+    return (cols + align - 1) // align * align
+
+
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
                      transpose_a: bool, transpose_b: bool, config: str, split_k: int,
                      pack: bool) -> int:
     """float32 workspace of one call: split-K partials, then the packed operand copies (rows
-    padded to 8 elements); PlanWorkspace in ffi/gemm_dispatch.cc (a CPU test compares)."""
+    padded to packed_ld elements); PlanWorkspace in ffi/gemm_dispatch.cc (a CPU test compares)."""
     s = effective_split(BY_NAME[config], k, split_k)
     total = (s * batch * m * n + 31) // 32 * 32 if s > 1 else 0  # packed copies 128-B aligned
     for contig, outer, shared in ((m if transpose_a else k, k if transpose_a else m, a_shared),
                                   (k if transpose_b else n, n if transpose_b else k, b_shared)):
         rows = (1 if shared else batch) * outer
         if pack and contig % 8 != 0 and rows > 0:
-            total += rows * ((contig + 7) // 8 * 8) // 2
+            total += rows * packed_ld(contig) // 2
     return total
 
 
-def splits(c: Config, k: int) -> tuple[int, ...]:
-    """K slice counts worth trying for config c: powers of two up to MAX_CLUSTER_SPLIT, each
-    slice at least 512 of K. (Measured on an H100: 3-, 6- or 12-block clusters were never the
-    fastest and were up to 1.2x slower than 2 or 4, filling the GPCs unevenly; 16 slices,
-    reduced through the workspace, were never the fastest on 10 skinny shapes and up to 1.5x
-    slower than the best.) Larger split_k values remain available explicitly. sm90 rows: 1
-    only (the planner never splits them; an explicit split_k still runs)."""
+def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
+    """K slice counts worth trying for config c on an M x N x K product: powers of two up to
+    MAX_CLUSTER_SPLIT (sm90 rows: 2), each slice at least 512 of K. (Measured on an H100: 3-, 6-
+    or 12-block clusters were never the fastest and were up to 1.2x slower than 2 or 4, filling
+    the GPCs unevenly; 16 slices, reduced through the workspace, were never the fastest on 10
+    skinny shapes and up to 1.5x slower than the best.) sm90 rows split only with M >= 64 (m
+    None: not known, taken as large): at M = 16 their m64 blocks are three-quarters empty and
+    every sm90 split was slower than the sm80 cluster split (harness, 16 x 4096^2: 24.8-29.0 us
+    against 23.2); 4 sm90 slices were slower than 2 on every M = 128 shape timed (128 x 4096^2:
+    19.7 vs 13.3 us). Larger split_k values remain available explicitly."""
     if c.kind == "sm90":
-        return (1,)
-    top = max(1, min(MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))  # MAX_CLUSTER_SPLIT < MAX_SPLIT_K
+        if m is not None and m < 64:
+            return (1,)
+        top = max(1, min(2, k // _MIN_K_PER_SPLIT))
+    else:
+        top = max(1, min(MAX_CLUSTER_SPLIT, k // _MIN_K_PER_SPLIT))  # MAX_CLUSTER_SPLIT < MAX_SPLIT_K
     return tuple(s for s in (1, 2, 4, 8) if s <= top)
 
 
@@ -284,7 +304,7 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
     best = min(((*estimate(c, s, m, n, k, batch), CONFIGS.index(c), s)
                 for c in configs_for(arch) if c.kind == "sm80" or hopper_ok
-                for s in splits(c, k)))
+                for s in splits(c, k, m)))
     return CONFIGS[best[2]].name, best[3]
 
 
@@ -296,4 +316,4 @@ def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN
 
 def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
     """Best K slices for a given config c (by the same model)."""
-    return min(splits(c, k), key=lambda s: (*estimate(c, s, m, n, k, batch), s))
+    return min(splits(c, k, m), key=lambda s: (*estimate(c, s, m, n, k, batch), s))

@@ -39,9 +39,12 @@ def test_should_pack(m, n, k, ta, tb, want):
 
 def test_workspace_floats_by_hand():
     c = configs.CONFIGS[0].name
-    # A (1, 4095, 4093) -> rows of 4096: 4095 * 4096 / 2 floats; B (1, 4093, 4097) -> 4104
+    # A (1, 4095, 4093) -> rows of 4096: 4095 * 4096 / 2 floats; B (1, 4093, 4097) -> 4160
+    # (rows of 512 or more are padded to 64 elements, shorter ones to 8)
     assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
-                                    True) == 4095 * 4096 // 2 + 4093 * 4104 // 2
+                                    True) == 4095 * 4096 // 2 + 4093 * 4160 // 2
+    assert [configs.packed_ld(x) for x in (1, 9, 511, 512, 513, 4097)] == [8, 16, 512, 512, 576,
+                                                                         4160]
     assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
                                     False) == 0
     # batch 3 with a shared A: A packed once, B three times; split-K partials come first, their
@@ -94,7 +97,7 @@ def test_lowering_packs_odd_shapes(monkeypatch):
     text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
     (line,) = [ln for ln in text.splitlines() if "@tcgemm" in ln and "custom_call" in ln]
     assert "pack = true" in line
-    ws = 1023 * 1024 // 2 + 1021 * 1032 // 2
+    ws = 1023 * 1024 // 2 + 1021 * 1088 // 2  # rows of 1021 -> 1024, 1025 -> 1088 (packed_ld)
     assert f"tensor<{ws}xf32>" in line
 
 

@@ -8,6 +8,8 @@
 //        /tmp/sm90.o -o /tmp/selftest
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
+//   /tmp/selftest --time B M N K [SPLIT...]  # per-launch time under graph replay (env:
+//                              # TIME_NT: layout NT; TIME_PACK: the packing alone too)
 //   /tmp/selftest --clusters   # resident blocks per SM and clusters of 2, 4, 8 per config
 //   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
 //                              # loader (output types and split-K rotating), no timings: the case
@@ -141,6 +143,75 @@ static double time_gemm(int cfg, InType it, int64_t m, int64_t n, int64_t k, boo
   return ms[ms.size() / 2];
 }
 
+// Microseconds per call of `launch` as the GPU runs it back to back: 20 calls captured into a
+// CUDA graph (no host launch cost between them, as under XLA's command buffers), the median of
+// 7 replays / 20.
+template <typename F>
+static double graph_us(F launch) {
+  cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  launch(st);  // first call outside the capture (sets function attributes)
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g; cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 20; ++i) launch(st);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 9; ++r) {
+    CK(cudaEventRecord(e0, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float t; cudaEventElapsedTime(&t, e0, e1);
+    if (r >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(st));
+  return ms[ms.size() / 2] * 1e3 / 20;
+}
+
+// Graph-timed (batch x) M x N x K f16 product, NN (NT with $TIME_NT set), split_k slices,
+// misaligned operands packed; config -1: the packing alone (what LaunchGemm would copy).
+static double time_graph(int cfg, int64_t batch, int64_t m, int64_t n, int64_t k, int split) {
+  const bool tb = std::getenv("TIME_NT") != nullptr;  // B stored N x K (K-major)
+  void *da, *db, *dc;
+  CK(cudaMalloc(&da, batch * m * k * 2)); CK(cudaMalloc(&db, batch * k * n * 2));
+  CK(cudaMalloc(&dc, batch * m * n * 2));
+  std::vector<uint16_t> h(batch * std::max(m, n) * k);
+  std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : h) x = from_f(nd(rng), InType::kF16);
+  CK(cudaMemcpy(da, h.data(), batch * m * k * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, h.data(), batch * k * n * 2, cudaMemcpyHostToDevice));
+  GemmProblem pr{};
+  pr.params = {da, db, dc, m, n, k, batch, m * k, k * n, OutType::kF16, 0, 0};
+  pr.params.split_k = split;
+  pr.in_type = InType::kF16; pr.config = cfg < 0 ? 0 : cfg; pr.pack = true; pr.transpose_b = tb;
+  const WorkspacePlan wp = PlanWorkspace(pr);
+  float* ws = nullptr;
+  if (const int64_t w = wp.total(); w > 0) CK(cudaMalloc(&ws, w * 4));
+  pr.workspace = ws;
+  double us;
+  if (cfg < 0) {
+    PackJob jobs[2];
+    int count = 0;
+    float* at = ws + wp.split_floats;
+    if (wp.a.packed) { jobs[count++] = {static_cast<const uint16_t*>(da),
+                                        reinterpret_cast<uint16_t*>(at), wp.a.rows, wp.a.cols, wp.a.ld};
+                       at += wp.a.floats; }
+    if (wp.b.packed) jobs[count++] = {static_cast<const uint16_t*>(db),
+                                      reinterpret_cast<uint16_t*>(at), wp.b.rows, wp.b.cols, wp.b.ld};
+    us = count ? graph_us([&](cudaStream_t st) { CK(LaunchPack(jobs, count, st)); }) : 0.0;
+  } else {
+    us = graph_us([&](cudaStream_t st) {
+      std::string err = LaunchGemm(pr, st);
+      if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
+    });
+  }
+  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(ws));
+  return us;
+}
+
 static double tflops(int64_t m, int64_t n, int64_t k, double ms) {
   return 2.0 * m * n * k / (ms * 1e-3) / 1e12;
 }
@@ -166,6 +237,7 @@ static int sanitize_cases() {
   int failures = 0, cases = 0;
   const int64_t shapes[2][4] = {{2, 131, 67, 389}, {2, 136, 264, 392}};  // unaligned, aligned
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
+    if (!selected(cfg)) continue;
     for (int it = 0; it < 2; ++it)
       for (int l = 0; l < 4; ++l)
         for (int al = 0; al < 2; ++al) {
@@ -232,6 +304,21 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
   if (argc > 1 && std::strcmp(argv[1], "--sanitize") == 0) return sanitize_cases();
   if (argc > 1 && std::strcmp(argv[1], "--clusters") == 0) return cluster_occupancy();
+  if (argc > 5 && std::strcmp(argv[1], "--time") == 0) {  // --time B M N K SPLIT...
+    const int64_t b = std::atoll(argv[2]), m = std::atoll(argv[3]), n = std::atoll(argv[4]),
+                  k = std::atoll(argv[5]);
+    if (std::getenv("TIME_PACK"))
+      std::printf("pack %ldx%ldx%ldx%ld: %.2f us\n", b, m, n, k, time_graph(-1, b, m, n, k, 1));
+    for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+      for (int i = 6; i < std::max(argc, 7) && selected(cfg); ++i) {
+        const int split = i < argc ? std::atoi(argv[i]) : 1;
+        const double us = time_graph(cfg, b, m, n, k, split);
+        std::printf("%s %ldx%ldx%ldx%ld split %d: %.2f us (%.1f TFLOP/s)\n",
+                    ConfigName(kConfigs[cfg]).c_str(), b, m, n, k, split, us,
+                    2.0 * b * m * n * k / us * 1e-6);
+      }
+    return 0;
+  }
   std::mt19937 rng(1234);
   int failures = 0, cases = 0;
   const char* const* ln = kLayouts;

@@ -76,4 +76,10 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 #endif
 }
 
+// Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32): one
+// warpgroup synchronizes without stalling the others.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 }  // namespace tcgemm::ptx
