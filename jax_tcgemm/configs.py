@@ -144,9 +144,11 @@ _MAX_CLUSTERS = {(1, 2): 66, (1, 4): 30, (1, 8): 15, (2, 2): 132, (2, 4): 62, (2
 _PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
 _FEW_WARPS = 0.8  # rate with fewer than 8 warps resident per SM (latencies not hidden)
 _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
-# sm90 rows (TMA + wgmma, one block per SM). Checked against H100 single launches (selftest):
-# modelled 655 / 702 TFLOP/s for 128x256 at 4096^3 / 8192^3, measured 659 / 710; 128x128
-# 546 / 581, measured 544 / 556. Skinny split-K products are modelled 5-30% fast (v13 notes).
+# sm90 rows (TMA + wgmma, one block per SM). Fitted to H100 single launches (selftest) before
+# the shared-memory epilogue (v14): modelled 655 / 702 TFLOP/s for 128x256 at 4096^3 / 8192^3,
+# measured 659 / 710; 128x128 546 / 581, measured 544 / 556. Since v15 all rows run faster
+# (128x256 744 / 768, 128x128 701 / 719); the constants were not refit, as a refit moved
+# skinny picks away from the measured best (v15 notes); the picks were checked in the bench.
 _PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs
 _PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block
 # sm90 split-K: 2 us per slice past the first, fitted to harness timings of 128 x 4096^2 and
