@@ -273,11 +273,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const int cw = wg - 1;  // m64 blocks [cw * kMB, cw * kMB + kMB) of the tile
   char* const epi = smem_raw + (smem - ptx::cvta_to_shared(smem_raw)) + Tr::kEpiOffset +
                     cw * kEpiBytes;  // this warpgroup's staging panel
-#ifdef TCGEMM_SM90_MN_SWAP   // (debug) swapped leading / stride offsets for M/N-major tiles
-  constexpr uint32_t kMnLead = 1024, kMnStride = Tr::kBox;
-#else
+  // M/N-major tiles: 64-element boxes kBox bytes apart (leading), 8-k-row groups 1 KB apart
   constexpr uint32_t kMnLead = Tr::kBox, kMnStride = 1024;
-#endif
   int s = 0;
   uint32_t phase = 0;
   float acc[Tr::kMB][Tr::kBN / 2];

@@ -304,8 +304,9 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     del dtype  # same model for both input types and all layouts (for now; the layout only
     # decides whether an sm90 row would run as itself)
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
-    best = min(((*estimate(c, s, m, n, k, batch), CONFIGS.index(c), s)
-                for c in configs_for(arch) if c.kind == "sm80" or hopper_ok
+    allowed = configs_for(arch)
+    best = min(((*estimate(c, s, m, n, k, batch), i, s)
+                for i, c in enumerate(CONFIGS) if c in allowed and (c.kind == "sm80" or hopper_ok)
                 for s in splits(c, k, m)))
     return CONFIGS[best[2]].name, best[3]
 

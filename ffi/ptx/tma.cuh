@@ -1,4 +1,5 @@
-// mbarrier and the tensor memory accelerator (TMA) bulk tensor copy (sm_90).
+// mbarrier, the tensor memory accelerator (TMA) bulk tensor copy (sm_90), and the named
+// barrier the sm90 kernel's warpgroups synchronize their epilogue with.
 // PTX ISA 8.x, section 9.7.13.15 "Parallel Synchronization and Communication Instructions:
 // mbarrier" (init, arrive, arrive.expect_tx, try_wait.parity) and 9.7.9.27
 // "cp.async.bulk.tensor" (tile mode, completion through mbarrier::complete_tx::bytes).
