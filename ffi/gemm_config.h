@@ -103,7 +103,9 @@ struct ConfigTraits {
   static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
   static_assert(kBK % 32 == 0, "BK must be a multiple of 32 (4 swizzled 16-byte chunks per row)");
-  static_assert(kBM % 64 == 0 && kBN % 64 == 0, "M/N-contiguous tiles need 128-byte rows");
+  // M/N-contiguous tiles: rows of k*128 bytes, or (A only, for skinny M) of 32 or 64 bytes
+  static_assert((kBM % 64 == 0 || kBM == 16 || kBM == 32) && kBN % 64 == 0,
+                "M/N-contiguous tiles need 128-byte rows (BM may also be 16 or 32)");
   static_assert(c.kind == Kind::kSm80, "ConfigTraits describes sm80 (mma.sync) rows only");
   static_assert(kStages >= 2, "a pipeline needs at least two stages");
   static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,

@@ -36,8 +36,10 @@ namespace cg = cooperative_groups;
 // Physical chunk index of logical chunk `ch` in `row` of a tile with CPR 16-byte chunks per row.
 template <int CPR>
 __device__ __forceinline__ int swizzle_chunk(int row, int ch) {
-  static_assert(CPR == 4 || CPR % 8 == 0, "rows of 64 or k*128 bytes");
-  if constexpr (CPR == 4) {
+  static_assert(CPR == 2 || CPR == 4 || CPR % 8 == 0, "rows of 32, 64 or k*128 bytes");
+  if constexpr (CPR == 2) {  // four rows share a 128-byte line (M-major A tiles with BM = 16)
+    return row * 2 + (ch ^ ((row >> 2) & 1));
+  } else if constexpr (CPR == 4) {
     return row * 4 + (ch ^ ((row >> 1) & 3));  // two rows share a 128-byte line
   } else {
     return row * CPR + (ch ^ (row & 7));

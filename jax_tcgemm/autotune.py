@@ -78,10 +78,11 @@ def _store(k: str, entry: dict) -> None:
 def candidates(m: int, n: int, k: int, batch: int = 1, arch=None) -> list[tuple[str, int]]:
     """Every config worth trying on a device of compute capability `arch` (configs.configs_for:
     sm90 rows on 9.0 only; None as in configs.plan: sm80 rows only) with split 1, its
-    modelled best split, and powers of two up to 16, within configs.splits."""
+    modelled best split, and powers of two up to 16, within configs.splits and what
+    configs.competes allows (skinny rows: small M only)."""
     out = []
     for c in configs.configs_for(arch):
-        allowed = set(configs.splits(c, k, m))
+        allowed = {s for s in configs.splits(c, k, m) if configs.competes(c, s, m, n, batch)}
         for s in sorted({1, configs.split_k(c, m, n, k, batch), 2, 4, 8, 16} & allowed):
             out.append((c.name, s))
     return out

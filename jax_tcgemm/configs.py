@@ -295,6 +295,27 @@ def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
     return tuple(s for s in (1, 2, 4, 8) if s <= top)
 
 
+# Skinny rows (BM < 64: one m16 row of mma per warp, for decode-sized M) stream the weights
+# with the least mma work, but only pay off where every block has an SM's bandwidth to itself.
+# They compete up to SKINNY_MAX_M rows, when all blocks fit one wave, and split K only while
+# every slice has its own SM. H100, graph replay, 16x64x64_s6 (benchmarks/NOTES.md v16): 16 x
+# 4096^2 split 2 (128 blocks) 8.6 us, the best m64 plan 12.1; 32 x 4096^2 split 1 11.8, split 2
+# (256 blocks) 14.3, the best m64 plan 12.5; 16 x 28672 x 8192 (448 blocks, two waves) 3-6%
+# slower than the sm90 64x128 row in the harness; 16 x 8192 x 28672 split 2 (256 blocks) 3%
+# slower than split 1.
+SKINNY_MAX_M = 32
+
+
+def competes(c: Config, s: int, m: int, n: int, batch: int = 1) -> bool:
+    """Whether config c with s K slices is one of plan()'s candidates (rows with BM >= 64:
+    always; skinny rows: see SKINNY_MAX_M)."""
+    if c.bm >= 64:
+        return True
+    blocks = c.tiles(m, n) * batch
+    return (m <= SKINNY_MAX_M and blocks <= _SMS * blocks_per_sm(c)
+            and (s == 1 or blocks * s <= _SMS))
+
+
 def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
          arch: tuple[int, ...] | None = None):
     """(config name, split_k) for a (batch x) M x N x K product on a device of compute
@@ -306,8 +327,9 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
     allowed = configs_for(arch)
     best = min(((*estimate(c, s, m, n, k, batch), i, s)
-                for i, c in enumerate(CONFIGS) if c in allowed and (c.kind == "sm80" or hopper_ok)
-                for s in splits(c, k, m)))
+                for i, c in enumerate(CONFIGS)
+                if c in allowed and (c.kind == "sm80" or hopper_ok)
+                for s in splits(c, k, m) if competes(c, s, m, n, batch)))
     return CONFIGS[best[2]].name, best[3]
 
 
@@ -318,5 +340,7 @@ def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN
 
 
 def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
-    """Best K slices for a given config c (by the same model)."""
-    return min(splits(c, k, m), key=lambda s: (*estimate(c, s, m, n, k, batch), s))
+    """Best K slices for a given config c (by the same model; for a skinny row, among those
+    competes() allows, where there are any)."""
+    cands = [s for s in splits(c, k, m) if competes(c, s, m, n, batch)] or [1]
+    return min(cands, key=lambda s: (*estimate(c, s, m, n, k, batch), s))

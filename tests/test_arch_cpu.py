@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_tcgemm import configs
+from jax_tcgemm import autotune, configs
 
 F16 = np.dtype(jnp.float16)
 SM90 = [c for c in configs.CONFIGS if c.kind == "sm90"]
@@ -80,12 +80,34 @@ def test_plan_picks_sm90_on_hopper(m, n, k):
 
 
 def test_skinny_plans_on_hopper():
-    """Against 4096 x 4096 weights on 9.0 (H100 harness, every candidate timed): M = 16 keeps
-    the sm80 cluster split (23.2 us; the best sm90 split 24.8), M = 128 takes the one-warpgroup
-    sm90 row in 2 slices (25.2 us; the sm80 64x64x64 split 2 31.8)."""
-    name, split = configs.plan(16, 4096, 4096, arch=(9, 0))
-    assert name.startswith("sm80_") and split > 1, (name, split)
+    """Against 4096 x 4096 weights on 9.0 (H100, CUDA-graph replay of every candidate): M = 16
+    takes the 16-row tile in a 2-block cluster split (8.6 us; 64x64x64 split 2 12.1, the best
+    sm90 plan 12.2), M = 32 the 16-row tile in one slice (11.8 us; two slices 14.3, 64x64x64
+    split 2 12.5), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
+    64x64x64 split 2 31.8). 16 x 28672 x 8192 needs two waves of 16-row tiles: sm90 instead."""
+    assert configs.plan(16, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 2)
+    assert configs.plan(32, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 1)
     assert configs.plan(128, 4096, 4096, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 2)
+    assert configs.plan(16, 28672, 8192, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(16, 4096, 4096, 1), (32, 4096, 4096, 1),
+                                         (16, 28672, 8192, 1), (8, 8192, 28672, 1),
+                                         (33, 4096, 4096, 1), (1000, 1000, 1000, 1),
+                                         (16, 256, 4096, 64)], ids=str)
+@pytest.mark.parametrize("arch", [None, (9, 0)], ids=str)
+def test_skinny_rows_only_where_they_pay(m, n, k, batch, arch):
+    """A skinny row (BM < 64) is planned only for M <= SKINNY_MAX_M, all its blocks in one
+    wave, and split only while every block has an SM to itself; autotune offers the same."""
+    name, split = configs.plan(m, n, k, batch, arch=arch)
+    c = configs.BY_NAME[name]
+    if c.bm < 64:
+        blocks = c.tiles(m, n) * batch
+        assert m <= configs.SKINNY_MAX_M and blocks <= 132 * configs.blocks_per_sm(c)
+        assert split == 1 or blocks * split <= 132, (name, split)
+    for cname, s in autotune.candidates(m, n, k, batch, arch):
+        assert configs.competes(configs.BY_NAME[cname], s, m, n, batch)
+    assert any(c.bm < 64 for c in configs.CONFIGS)
 
 
 def test_tma_addressable():
