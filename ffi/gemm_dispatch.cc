@@ -110,31 +110,35 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
   return w;
 }
 
-std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream) {
+int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
+                 PackJob (&jobs)[2]) {
+  int count = 0;
+  char* at = reinterpret_cast<char*>(pr.workspace + wp.split_floats);
+  auto pack = [&](const PackedOperand& o, const void*& data, int64_t& ld, int64_t& stride) {
+    auto* dst = reinterpret_cast<uint16_t*>(at);
+    jobs[count++] = {static_cast<const uint16_t*>(data), dst, o.rows, o.cols, o.ld};
+    if (stride != 0) stride = stride / o.cols * o.ld;  // outer extent x padded row
+    data = dst;
+    ld = o.ld;
+    at += o.floats * sizeof(float);
+  };
+  if (wp.a.packed) pack(wp.a, p.a, p.lda, p.stride_a);
+  if (wp.b.packed) pack(wp.b, p.b, p.ldb, p.stride_b);
+  return count;
+}
+
+std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
+                       cudaStream_t stream) {
   GemmParams p = pr.params;
   const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b;
   p.lda = a_kmajor ? p.k : p.m;  // as stored: the contiguous extent
   p.ldb = b_kmajor ? p.k : p.n;
 
   // Operands with rows that are not 16-byte multiples: padded copies in the workspace first.
-  const WorkspacePlan wp = PlanWorkspace(pr);
-  if (wp.a.packed || wp.b.packed) {
-    PackJob jobs[2];
-    int count = 0;
-    char* at = reinterpret_cast<char*>(pr.workspace + wp.split_floats);
-    auto pack = [&](const PackedOperand& o, const void*& data, int64_t& ld, int64_t& stride) {
-      auto* dst = reinterpret_cast<uint16_t*>(at);
-      jobs[count++] = {static_cast<const uint16_t*>(data), dst, o.rows, o.cols, o.ld};
-      if (stride != 0) stride = stride / o.cols * o.ld;  // outer extent x padded row
-      data = dst;
-      ld = o.ld;
-      at += o.floats * sizeof(float);
-    };
-    if (wp.a.packed) pack(wp.a, p.a, p.lda, p.stride_a);
-    if (wp.b.packed) pack(wp.b, p.b, p.ldb, p.stride_b);
+  PackJob jobs[2];
+  if (const int count = PackOperands(pr, wp, p, jobs); count > 0)
     if (cudaError_t e = LaunchPack(jobs, count, stream); e != cudaSuccess)
       return CudaError("operand packing launch", e);
-  }
 
   // 16-byte cp.async needs every row (and batch item) of both operands to start on 16 bytes:
   // leading dimensions that are multiples of 8 elements, 16-byte aligned bases.

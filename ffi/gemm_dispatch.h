@@ -42,14 +42,14 @@ int EffectiveSplitK(const GemmProblem& pr);
 // Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
 // effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b) the operand
 // copies with rows padded to a multiple of 8 elements (64 for rows of 512 or more: 128-byte
-// rows stream faster through TMA), each starting 16-byte aligned. total()
-// is what the FFI handler asks of XLA; Python's configs.workspace_floats computes the same (a
-// CPU test compares them).
+// rows stream faster through TMA), each starting 16-byte aligned. total() is what the FFI
+// handler asks of XLA; Python's configs.workspace_floats computes the same (a CPU test compares
+// them).
 struct PackedOperand {
   bool packed = false;
   int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)
   int64_t cols = 0;     // contiguous extent
-  int64_t ld = 0;       // leading dimension of the copy: cols rounded up to 8
+  int64_t ld = 0;       // leading dimension of the copy: cols rounded up to 8 (or 64)
   int64_t floats = 0;   // size of the copy in floats (a multiple of 4: 16-byte aligned)
 };
 struct WorkspacePlan {
@@ -59,10 +59,6 @@ struct WorkspacePlan {
 };
 WorkspacePlan PlanWorkspace(const GemmProblem& pr);
 
-// Launches problem `pr` on `stream` (with split-K: the sliced GEMM into pr.workspace, then the
-// reduction into C). Returns an empty string on success, else what went wrong.
-std::string LaunchGemm(const GemmProblem& pr, cudaStream_t stream);
-
 // Defined in gemm_pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
 // each of `count` (1 or 2) jobs, in one launch.
 struct PackJob {
@@ -71,6 +67,18 @@ struct PackJob {
   int64_t rows, cols, ld;
 };
 cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream);
+
+// The copies plan wp (PlanWorkspace(pr)) packs, as jobs for LaunchPack into pr.workspace after
+// the split-K partials; points p's operands, leading dimensions (p.lda / p.ldb as stored on
+// entry) and batch strides at the copies. Returns the number of jobs (0, 1 or 2).
+int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
+                 PackJob (&jobs)[2]);
+
+// Launches problem `pr` on `stream` with its workspace laid out by wp = PlanWorkspace(pr) (the
+// plan the caller sized pr.workspace with): packing, if wp says so, then the GEMM (with split-K
+// into the workspace, then the reduction into C). Returns an empty string on success, else
+// what went wrong.
+std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp, cudaStream_t stream);
 
 // Defined in gemm_reduce.cu: c[i] = sum_{s < splits} ws[s * count + i] in slice order.
 cudaError_t LaunchSplitKReduce(const float* ws, void* c, OutType out_type, int splits,

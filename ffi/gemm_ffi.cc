@@ -94,12 +94,12 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.params.split_k = static_cast<int>(split_k);
   pr.workspace = static_cast<float*>(workspace->untyped_data());
   pr.pack = pack;
-  if (const int64_t need = PlanWorkspace(pr).total();
-      static_cast<int64_t>(workspace->element_count()) < need)
+  const WorkspacePlan plan = PlanWorkspace(pr);
+  if (const int64_t need = plan.total(); static_cast<int64_t>(workspace->element_count()) < need)
     return Invalid("split_k=" + std::to_string(split_k) + (pack ? ", pack=1" : ", pack=0") +
                    " needs a workspace of " + std::to_string(need) + " floats; got " +
                    std::to_string(workspace->element_count()) + " [" + shapes() + "]");
-  if (std::string err = LaunchGemm(pr, stream); !err.empty())
+  if (std::string err = LaunchGemm(pr, plan, stream); !err.empty())
     return ffi::Error::Internal("tcgemm: " + err + " [" + shapes() + ", config " +
                                 std::string(config) + "]");
   return ffi::Error::Success();

@@ -1,9 +1,10 @@
 // Operand packing: a matrix whose rows are not 16-byte multiples (contiguous extent % 8 != 0,
 // e.g. K = 4093) is copied into rows padded to a multiple of 8 elements (64 for long rows:
 // PlanWorkspace), zeros in the padding, so that the GEMM can stream it with 16-byte cp.async (the
-// aligned kernel variant) or TMA instead of element-by-element loads. The padding is never multiplied with anything but zeros or discarded
-// rows: padded K columns meet the other operand's zero-filled K rows (or its own zero padding),
-// padded M/N columns produce output rows/columns that are not stored.
+// aligned kernel variant) or TMA instead of element-by-element loads. The padding is never
+// multiplied with anything but zeros or discarded rows: padded K columns meet the other
+// operand's zero-filled K rows (or its own zero padding), padded M/N columns produce output
+// rows/columns that are not stored.
 #include <algorithm>
 #include <cstdint>
 

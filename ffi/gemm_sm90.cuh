@@ -7,10 +7,11 @@
 //                  (BM x 64) and B (64 x BN) into stage s, completing on mbarrier full[s],
 //                  after waiting for empty[s] (the consumers are done with that stage)
 //   consumers    : warpgroups 1..G, each owns BM/G rows (one or two m64 blocks): per k tile
-//                  and m64 block, four wgmma.m64nBNk16 straight from shared memory (no ldmatrix, no register
-//                  fragments for A or B), one commit group in flight while the next k tile is
-//                  waited for; then the float32 accumulators go to C through a shared-memory
-//                  staging panel per warpgroup (coalesced 16-byte row stores)
+//                  and m64 block, four wgmma.m64nBNk16 straight from shared memory (no
+//                  ldmatrix, no register fragments for A or B), one commit group in flight
+//                  while the next k tile is waited for; then the float32 accumulators go to C
+//                  through a shared-memory staging panel per warpgroup (coalesced 16-byte row
+//                  stores)
 //   shared tiles : 128-byte swizzle (TMA writes it, wgmma reads it: conflict-free); a K-major
 //                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
 //                  of 64 k rows, one box per 64 of M or N
@@ -146,19 +147,9 @@ __device__ __forceinline__ void store_block(const GemmParams& p, int64_t c_off,
         const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
         const int64_t gr = row0 + row, gc = pc + q * kVec;
         if (gr >= p.m || gc >= p.n) continue;
-        union {
-          uint4 v;
-          Out e[kVec];
-        } u;
-        u.v = *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
-        Out* dst = c + gr * p.n + gc;
-        if (gc + kVec <= p.n) {
-          *reinterpret_cast<uint4*>(dst) = u.v;
-        } else {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e)
-            if (gc + e < p.n) dst[e] = u.e[e];
-        }
+        // gc and N are multiples of kVec (col0 of BN, N of 16 bytes): the chunk ends by N
+        *reinterpret_cast<uint4*>(c + gr * p.n + gc) =
+            *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
       }
     } else {
       for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15

@@ -81,9 +81,10 @@ static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t ba
   pr.params.split_k = split_k;
   pr.pack = pack;
   float* ws = nullptr;  // split-K partials and packed operands: exactly what the plan says
-  if (const int64_t f = PlanWorkspace(pr).total(); f > 0) ws = static_cast<float*>(dev_alloc(f * 4));
+  const WorkspacePlan wp = PlanWorkspace(pr);
+  if (const int64_t f = wp.total(); f > 0) ws = static_cast<float*>(dev_alloc(f * 4));
   pr.workspace = ws;
-  std::string err = LaunchGemm(pr, 0);
+  std::string err = LaunchGemm(pr, wp, 0);
   if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
   CK(cudaDeviceSynchronize());
   std::vector<uint8_t> c(batch * m * n * osz);
@@ -126,13 +127,14 @@ static double time_gemm(int cfg, InType it, int64_t m, int64_t n, int64_t k, boo
   pr.params = {da, db, dc, m, n, k, 1, 0, 0, it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
   pr.in_type = it; pr.config = cfg; pr.pack = pack;
   float* ws = nullptr;
-  if (const int64_t w = PlanWorkspace(pr).total(); w > 0) CK(cudaMalloc(&ws, w * 4));
+  const WorkspacePlan wp = PlanWorkspace(pr);
+  if (const int64_t w = wp.total(); w > 0) CK(cudaMalloc(&ws, w * 4));
   pr.workspace = ws;
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<float> ms;
   for (int r = 0; r < reps + 2; ++r) {
     cudaEventRecord(e0);
-    LaunchGemm(pr, 0);
+    LaunchGemm(pr, wp, 0);
     cudaEventRecord(e1);
     CK(cudaEventSynchronize(e1));
     float t; cudaEventElapsedTime(&t, e0, e1);
@@ -194,17 +196,12 @@ static double time_graph(int cfg, int64_t batch, int64_t m, int64_t n, int64_t k
   double us;
   if (cfg < 0) {
     PackJob jobs[2];
-    int count = 0;
-    float* at = ws + wp.split_floats;
-    if (wp.a.packed) { jobs[count++] = {static_cast<const uint16_t*>(da),
-                                        reinterpret_cast<uint16_t*>(at), wp.a.rows, wp.a.cols, wp.a.ld};
-                       at += wp.a.floats; }
-    if (wp.b.packed) jobs[count++] = {static_cast<const uint16_t*>(db),
-                                      reinterpret_cast<uint16_t*>(at), wp.b.rows, wp.b.cols, wp.b.ld};
+    GemmParams packed = pr.params;  // PackOperands points it at the copies (unused here)
+    const int count = PackOperands(pr, wp, packed, jobs);
     us = count ? graph_us([&](cudaStream_t st) { CK(LaunchPack(jobs, count, st)); }) : 0.0;
   } else {
     us = graph_us([&](cudaStream_t st) {
-      std::string err = LaunchGemm(pr, st);
+      std::string err = LaunchGemm(pr, wp, st);
       if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
     });
   }
