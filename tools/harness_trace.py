@@ -1,0 +1,90 @@
+"""Where the bench harness's time goes at small products: per-product wall time and GPU span.
+
+    python tools/harness_trace.py 1x16x4096x4096 64x256x256x256 [--config NAME --split S]
+
+For each BxMxNxK (B > 1: both operands batched, as the bench's vmap cases), runs the bench
+harness (jax_tcgemm.bench: R = 64 products per jitted call, float16) for jnp.matmul and for
+tcgemm (the planned config, or --config/--split), prints the median wall time per product over
+9 calls, then profiles one call (jax.profiler) and prints from its GPU timeline: kernels,
+span per product (first kernel start to last kernel end, / R), the median kernel duration and
+the median / smallest gap between consecutive kernels (negative: a kernel started before its
+predecessor ended). Wall time minus GPU span is what the call spends before the GPU starts.
+"""
+import argparse
+import glob
+import gzip
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jax_tcgemm import bench
+from jax_tcgemm.primitives import tcgemm
+
+R = 64
+
+
+def gpu_timeline(f, args) -> str:
+    d = tempfile.mkdtemp(prefix="harness_trace_")
+    try:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            jax.block_until_ready(f(*args))
+        paths = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
+        if not paths:
+            return "no profiler trace written"
+        ev = json.load(gzip.open(paths[0]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    procs = {e["pid"]: e["args"]["name"] for e in ev
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    kern = sorted((e for e in ev if e.get("ph") == "X"
+                   and procs.get(e["pid"], "").startswith("/device")), key=lambda e: e["ts"])
+    if len(kern) < 2:
+        return f"{len(kern)} GPU events (is CUPTI available?)"
+    ends = [e["ts"] + e["dur"] for e in kern]
+    gaps = sorted(kern[i + 1]["ts"] - ends[i] for i in range(len(kern) - 1))
+    return (f"{len(kern)} kernels, GPU span {(max(ends) - kern[0]['ts']) / R:.2f} us/product, "
+            f"kernel median {statistics.median(e['dur'] for e in kern):.2f} us, "
+            f"gaps median {gaps[len(gaps) // 2]:.2f} min {gaps[0]:.2f} us")
+
+
+def run(label, dims, op):
+    b, m, n, k = dims
+    keys = jax.random.split(jax.random.key(0), R + 1)
+    rand = bench._rand_fn()
+    a_list = tuple(rand(keys[i], (b, m, k), jnp.float16, 1.0) for i in range(R))
+    w = rand(keys[R], (b, k, n), jnp.float16, 1.0 / math.sqrt(k))
+    f = bench._harness(op, True)
+    for _ in range(3):
+        jax.block_until_ready(f(a_list, w))
+    walls = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a_list, w))
+        walls.append(time.perf_counter() - t0)
+    print(f"{label:>6} {b}x{m}x{n}x{k}: wall {statistics.median(walls) * 1e6 / R:.2f} us/product"
+          f" | {gpu_timeline(f, (a_list, w))}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shapes", nargs="+", help="BxMxNxK")
+    ap.add_argument("--config", default=None, help="tcgemm config (default: planned)")
+    ap.add_argument("--split", type=int, default=None, help="split_k with --config")
+    args = ap.parse_args()
+    for spec in args.shapes:
+        dims = tuple(int(x) for x in spec.lower().split("x"))
+        if len(dims) != 4:
+            ap.error(f"shape {spec!r} is not BxMxNxK")
+        run("jnp", dims, jnp.matmul)
+        run("tcgemm", dims, lambda a, w: tcgemm(a, w, config=args.config, split_k=args.split))
+
+
+if __name__ == "__main__":
+    main()
