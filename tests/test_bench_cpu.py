@@ -177,3 +177,23 @@ def test_oversized_case_is_skipped_not_run():
     row = bench.run_case(c, reps=7, mem_limit=2 * 2 ** 30)   # 1.5 GiB > 40% of 2 GiB
     assert row["error"].startswith("skipped") and "tcgemm_tflops" not in row
     assert bench.format_row(row).split()[-1] != "" and "SKIP" in bench.format_row(row)
+
+
+def test_harness_trace_tool_runs(monkeypatch, capsys):
+    """tools/harness_trace.py (wall time vs GPU span per product) on a tiny product: one line per
+    side with a positive wall time; without a GPU the timeline says it has no GPU events."""
+    import pathlib
+    import sys
+    spec = importlib.util.spec_from_file_location(
+        "harness_trace", pathlib.Path(__file__).parents[1] / "tools" / "harness_trace.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.setattr(tool, "R", 4)
+    monkeypatch.setattr(sys, "argv", ["harness_trace.py", "2x16x24x32"])
+    tool.main()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "2x16x24x32" in ln]
+    assert [ln.split()[0] for ln in lines] == ["jnp", "tcgemm"]
+    for ln in lines:
+        wall = float(ln.split("wall ")[1].split()[0])
+        assert wall > 0
+        assert "GPU events" in ln or (ON_GPU and "GPU span" in ln)  # no CUPTI: no GPU events
