@@ -18,7 +18,6 @@ import math
 import shutil
 import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +60,8 @@ def run(label, dims, op):
     a_list = tuple(rand(keys[i], (b, m, k), jnp.float16, 1.0) for i in range(R))
     w = rand(keys[R], (b, k, n), jnp.float16, 1.0 / math.sqrt(k))
     f = bench._harness(op, True)
-    for _ in range(3):
-        jax.block_until_ready(f(a_list, w))
-    walls = []
-    for _ in range(9):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a_list, w))
-        walls.append(time.perf_counter() - t0)
-    print(f"{label:>6} {b}x{m}x{n}x{k}: wall {statistics.median(walls) * 1e6 / R:.2f} us/product"
+    wall = bench.time_fn(f, (a_list, w), reps=9, warmup=3)
+    print(f"{label:>6} {b}x{m}x{n}x{k}: wall {wall * 1e6 / R:.2f} us/product"
           f" | {gpu_timeline(f, (a_list, w))}", flush=True)
 
 

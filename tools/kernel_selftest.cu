@@ -113,36 +113,62 @@ static double check(int cfg, InType it, OutType ot, bool ta, bool tb, int64_t ba
   return std::sqrt(num / (den > 0 ? den : 1));
 }
 
-// Median milliseconds of one LaunchGemm (CUDA events, after 2 warm-up launches) on random
-// M x N x K operands (NN); with `pack`, misaligned operands are first packed in the workspace.
-static double time_gemm(int cfg, InType it, int64_t m, int64_t n, int64_t k, bool pack, int reps) {
-  void *da, *db, *dc;
-  CK(cudaMalloc(&da, m * k * 2)); CK(cudaMalloc(&db, k * n * 2)); CK(cudaMalloc(&dc, m * n * 2));
-  std::vector<uint16_t> h(std::max(m, n) * k);
-  std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : h) x = from_f(nd(rng), it);
-  CK(cudaMemcpy(da, h.data(), m * k * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(db, h.data(), k * n * 2, cudaMemcpyHostToDevice));
+// Random (batch x) M x N x K operands (A stored M x K; B K x N, or N x K with tb), C of the
+// input type, and the workspace PlanWorkspace asks for: the problem the timings launch.
+struct TimedProblem {
   GemmProblem pr{};
-  pr.params = {da, db, dc, m, n, k, 1, 0, 0, it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
-  pr.in_type = it; pr.config = cfg; pr.pack = pack;
-  float* ws = nullptr;
-  const WorkspacePlan wp = PlanWorkspace(pr);
-  if (const int64_t w = wp.total(); w > 0) CK(cudaMalloc(&ws, w * 4));
-  pr.workspace = ws;
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  WorkspacePlan wp;
+  TimedProblem(int cfg, InType it, int64_t batch, int64_t m, int64_t n, int64_t k, int split,
+               bool pack, bool tb) {
+    void *da, *db, *dc;
+    CK(cudaMalloc(&da, batch * m * k * 2)); CK(cudaMalloc(&db, batch * k * n * 2));
+    CK(cudaMalloc(&dc, batch * m * n * 2));
+    std::vector<uint16_t> h(batch * std::max(m, n) * k);
+    std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : h) x = from_f(nd(rng), it);
+    CK(cudaMemcpy(da, h.data(), batch * m * k * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(db, h.data(), batch * k * n * 2, cudaMemcpyHostToDevice));
+    pr.params = {da, db, dc, m, n, k, batch, m * k, k * n,
+                 it == InType::kF16 ? OutType::kF16 : OutType::kBF16, 0, 0};
+    pr.params.split_k = split;
+    pr.in_type = it; pr.config = cfg; pr.pack = pack; pr.transpose_b = tb;
+    wp = PlanWorkspace(pr);
+    if (const int64_t w = wp.total(); w > 0) CK(cudaMalloc(&pr.workspace, w * 4));
+  }
+  ~TimedProblem() {
+    cudaFree(const_cast<void*>(pr.params.a)); cudaFree(const_cast<void*>(pr.params.b));
+    cudaFree(pr.params.c); cudaFree(pr.workspace);
+  }
+  void launch(cudaStream_t st) const {
+    std::string err = LaunchGemm(pr, wp, st);
+    if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
+  }
+};
+
+// Median milliseconds of `run(st)` on stream st over `reps` runs after 2 warm-up runs (CUDA
+// events around each run).
+template <typename F>
+static double median_ms(cudaStream_t st, int reps, F run) {
+  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int r = 0; r < reps + 2; ++r) {
-    cudaEventRecord(e0);
-    LaunchGemm(pr, wp, 0);
-    cudaEventRecord(e1);
+    CK(cudaEventRecord(e0, st));
+    run(st);
+    CK(cudaEventRecord(e1, st));
     CK(cudaEventSynchronize(e1));
     float t; cudaEventElapsedTime(&t, e0, e1);
     if (r >= 2) ms.push_back(t);
   }
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
-  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(ws));
   return ms[ms.size() / 2];
+}
+
+// Median milliseconds of one LaunchGemm (after 2 warm-up launches) on random M x N x K operands
+// (NN); with `pack`, misaligned operands are first packed in the workspace.
+static double time_gemm(int cfg, InType it, int64_t m, int64_t n, int64_t k, bool pack, int reps) {
+  const TimedProblem tp(cfg, it, 1, m, n, k, 1, pack, false);
+  return median_ms(0, reps, [&](cudaStream_t st) { tp.launch(st); });
 }
 
 // Microseconds per call of `launch` as the GPU runs it back to back: 20 calls captured into a
@@ -158,55 +184,21 @@ static double graph_us(F launch) {
   for (int i = 0; i < 20; ++i) launch(st);
   CK(cudaStreamEndCapture(st, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int r = 0; r < 9; ++r) {
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float t; cudaEventElapsedTime(&t, e0, e1);
-    if (r >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  const double ms = median_ms(st, 7, [&](cudaStream_t s) { CK(cudaGraphLaunch(ge, s)); });
   CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(st));
-  return ms[ms.size() / 2] * 1e3 / 20;
+  return ms * 1e3 / 20;
 }
 
 // Graph-timed (batch x) M x N x K f16 product, NN (NT with $TIME_NT set), split_k slices,
 // misaligned operands packed; config -1: the packing alone (what LaunchGemm would copy).
 static double time_graph(int cfg, int64_t batch, int64_t m, int64_t n, int64_t k, int split) {
-  const bool tb = std::getenv("TIME_NT") != nullptr;  // B stored N x K (K-major)
-  void *da, *db, *dc;
-  CK(cudaMalloc(&da, batch * m * k * 2)); CK(cudaMalloc(&db, batch * k * n * 2));
-  CK(cudaMalloc(&dc, batch * m * n * 2));
-  std::vector<uint16_t> h(batch * std::max(m, n) * k);
-  std::mt19937 rng(1); std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : h) x = from_f(nd(rng), InType::kF16);
-  CK(cudaMemcpy(da, h.data(), batch * m * k * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(db, h.data(), batch * k * n * 2, cudaMemcpyHostToDevice));
-  GemmProblem pr{};
-  pr.params = {da, db, dc, m, n, k, batch, m * k, k * n, OutType::kF16, 0, 0};
-  pr.params.split_k = split;
-  pr.in_type = InType::kF16; pr.config = cfg < 0 ? 0 : cfg; pr.pack = true; pr.transpose_b = tb;
-  const WorkspacePlan wp = PlanWorkspace(pr);
-  float* ws = nullptr;
-  if (const int64_t w = wp.total(); w > 0) CK(cudaMalloc(&ws, w * 4));
-  pr.workspace = ws;
-  double us;
-  if (cfg < 0) {
-    PackJob jobs[2];
-    GemmParams packed = pr.params;  // PackOperands points it at the copies (unused here)
-    const int count = PackOperands(pr, wp, packed, jobs);
-    us = count ? graph_us([&](cudaStream_t st) { CK(LaunchPack(jobs, count, st)); }) : 0.0;
-  } else {
-    us = graph_us([&](cudaStream_t st) {
-      std::string err = LaunchGemm(pr, wp, st);
-      if (!err.empty()) { std::printf("launch failed: %s\n", err.c_str()); std::exit(1); }
-    });
-  }
-  CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(ws));
-  return us;
+  const TimedProblem tp(cfg < 0 ? 0 : cfg, InType::kF16, batch, m, n, k, split, true,
+                        std::getenv("TIME_NT") != nullptr);
+  if (cfg >= 0) return graph_us([&](cudaStream_t st) { tp.launch(st); });
+  PackJob jobs[2];
+  GemmParams packed = tp.pr.params;  // PackOperands points it at the copies (unused here)
+  const int count = PackOperands(tp.pr, tp.wp, packed, jobs);
+  return count ? graph_us([&](cudaStream_t st) { CK(LaunchPack(jobs, count, st)); }) : 0.0;
 }
 
 static double tflops(int64_t m, int64_t n, int64_t k, double ms) {
