@@ -95,7 +95,7 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
     o.cols = kmajor ? p.k : outer_km;           // contiguous extent
     const int64_t outer = kmajor ? outer_km : p.k;
     o.rows = (stride == 0 ? 1 : p.batch) * outer;
-    o.packed = pr.pack && o.cols % 8 != 0 && o.rows > 0;
+    o.packed = pr.pack && NeedsPack(o.cols) && o.rows > 0;
     if (o.packed) {
       // 16-byte rows for cp.async and TMA; 128-byte rows once that costs at most 1/8 more
       // (TMA reads rows that start mid-line 15% slower: 4096x4104x4096 245 us vs 4096x4224 211)

@@ -39,12 +39,22 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);
 
+// Whether a problem that asks for packing (GemmProblem::pack) copies an operand whose rows have
+// `cols` contiguous elements: rows that are not 16-byte multiples (cols % 8 != 0: no 16-byte
+// cp.async or TMA on them as stored), and rows of 512 or more that are not 32-byte multiples
+// (cols % 16 != 0: the GEMM streams them 1.2-2.7x slower per flop than aligned rows on an H100,
+// e.g. 3000^3 on sm90 128x256 152.6 us vs 3072^3 101.9; benchmarks/NOTES.md, "Row pitch").
+// Python's configs.needs_pack is the same rule; configs.should_pack decides whether to pack.
+inline constexpr bool NeedsPack(int64_t cols) {
+  return cols % 8 != 0 || (cols >= 512 && cols % 16 != 0);
+}
+
 // Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
-// effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b) the operand
-// copies with rows padded to a multiple of 8 elements (64 for rows of 512 or more: 128-byte
-// rows stream faster through TMA), each starting 16-byte aligned. total() is what the FFI
-// handler asks of XLA; Python's configs.workspace_floats computes the same (a CPU test compares
-// them).
+// effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b: with pr.pack,
+// the operands whose rows NeedsPack) the operand copies with rows padded to a multiple of 8
+// elements (64 for rows of 512 or more: 128-byte rows stream faster through TMA), each starting
+// 16-byte aligned. total() is what the FFI handler asks of XLA; Python's
+// configs.workspace_floats computes the same (a CPU test compares them).
 struct PackedOperand {
   bool packed = false;
   int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)
@@ -60,7 +70,7 @@ struct WorkspacePlan {
 WorkspacePlan PlanWorkspace(const GemmProblem& pr);
 
 // Defined in gemm_pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
-// each of `count` (1 or 2) jobs, in one launch.
+// each of `count` (1 or 2) jobs, in one launch (ld: a multiple of 8, ld >= cols; cols any).
 struct PackJob {
   const uint16_t* src;
   uint16_t* dst;

@@ -1,10 +1,13 @@
-// Operand packing: a matrix whose rows are not 16-byte multiples (contiguous extent % 8 != 0,
-// e.g. K = 4093) is copied into rows padded to a multiple of 8 elements (64 for long rows:
-// PlanWorkspace), zeros in the padding, so that the GEMM can stream it with 16-byte cp.async (the
-// aligned kernel variant) or TMA instead of element-by-element loads. The padding is never
-// multiplied with anything but zeros or discarded rows: padded K columns meet the other
-// operand's zero-filled K rows (or its own zero padding), padded M/N columns produce output
-// rows/columns that are not stored.
+// Operand packing: with packing requested, an operand whose rows are not 16-byte multiples
+// (contiguous extent % 8 != 0, e.g. K = 4093), or that has rows of 512 elements or more that are
+// not 32-byte multiples (% 16 != 0, e.g. 3000: they stream 1.2-2.7x slower per flop), is copied
+// into rows padded to a multiple of 8 elements (64 for long rows), zeros in the padding
+// (NeedsPack and PlanWorkspace, gemm_dispatch.h), so that the GEMM streams it with 16-byte
+// cp.async (the aligned kernel variant) or TMA from rows that start on 16 (128) bytes instead of
+// element-by-element loads or rows at an odd pitch. The padding is never multiplied with
+// anything but zeros or discarded rows: padded K columns meet the other operand's zero-filled K
+// rows (or its own zero padding), padded M/N columns produce output rows/columns that are not
+// stored.
 #include <algorithm>
 #include <cstdint>
 
@@ -33,16 +36,23 @@ __device__ __forceinline__ uint4 ShiftHalves(uint4 lo, uint4 hi, int sh) {
 }
 
 // One thread per 16-byte chunk of a destination row (blockIdx.y: the row). The source is
-// rows x cols contiguous elements, so a chunk's 8 elements are contiguous there too, just not
-// 16-byte aligned: with a 16-byte aligned base the thread reads the one or two aligned 16-byte
-// segments that hold them (a warp reads one contiguous span) and shifts; otherwise (and for a
-// segment that would reach past the source's last element) 8 two-byte loads. Elements past the
-// row's end are zeros.
+// rows x cols contiguous elements, so a chunk's 8 elements are contiguous there too, though not
+// necessarily 16-byte aligned: with a 16-byte aligned base the thread reads the one or two
+// aligned 16-byte segments that hold them (a warp reads one contiguous span) and shifts (by 0
+// for rows that are 16-byte multiples: one segment, copied as is); otherwise (and for a segment
+// that would reach past the source's last element) 8 two-byte loads. Elements past the row's
+// end are zeros; chunks wholly past it (ld rounded up to 64 can exceed cols by up to 63) load
+// nothing.
 __global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs) {
   const PackJob j = blockIdx.z == 0 ? jobs.job[0] : jobs.job[1];  // no local-memory copy
   const int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * 8;
   if (c >= j.ld) return;
-  const int valid = static_cast<int>(j.cols - c < 8 ? j.cols - c : 8);  // >= 1: ld - 8 < cols
+  if (c >= j.cols) {  // padding only
+    for (int64_t r = blockIdx.y; r < j.rows; r += gridDim.y)
+      *reinterpret_cast<uint4*>(j.dst + r * j.ld + c) = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const int valid = static_cast<int>(j.cols - c < 8 ? j.cols - c : 8);  // 1..8
   const bool vec = (reinterpret_cast<uintptr_t>(j.src) & 15) == 0;
   const auto* seg = reinterpret_cast<const uint4*>(j.src);
   const int64_t total = j.rows * j.cols;

@@ -220,7 +220,8 @@ static bool within_bound(double e, int ot) { return e <= (ot == 2 ? 1e-5 : ot ==
 // k tiles than pipeline stages (so stages are reused: racecheck sees the WAR hazards) and M, N
 // more than one tile; output type, a shared (stride-0) B, split-K and packing rotate over the
 // cases;
-// plus K = 0 and 1x1x1 per config.
+// plus K = 0 and 1x1x1 per config, and one packed product whose rows of 520 elements are 16-byte
+// but not 32-byte multiples (copied into rows of 576 as they are; layout and input type rotate).
 static int sanitize_cases() {
   std::mt19937 rng(4321);
   int failures = 0, cases = 0;
@@ -250,6 +251,17 @@ static int sanitize_cases() {
       if (!within_bound(e, 2)) {
         ++failures;
         std::printf("FAIL %s K=%ld err=%.3g\n", ConfigName(kConfigs[cfg]).c_str(), k, e);
+      }
+    }
+    {  // rows of 520 in every layout (NN, NT: both operands; TN, TT: B; A has rows of 72)
+      const int l = cfg % 4;
+      const double e = check(cfg, InType(cfg % 2), OutType::kF32, l >> 1, l & 1, 1, 72, 520, 520,
+                             false, rng, 1, true);
+      ++cases;
+      if (!within_bound(e, 2)) {
+        ++failures;
+        std::printf("FAIL %s %s 72x520x520 pack=1 err=%.3g\n", ConfigName(kConfigs[cfg]).c_str(),
+                    kLayouts[l], e);
       }
     }
   }
