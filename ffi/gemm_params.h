@@ -41,9 +41,10 @@ struct GemmProblem {
   InType in_type;
   bool transpose_a, transpose_b;
   int config;                  // index into kConfigs
-  bool pack;                   // copy an operand whose contiguous extent is not a multiple of 8
-                               // into the workspace with padded rows (16-byte aligned: the fast
-                               // cp.async path) before the GEMM
+  bool pack;                   // copy the operands whose rows NeedsPack (gemm_dispatch.h: not
+                               // 16-byte multiples, or long and not 32-byte multiples) into the
+                               // workspace with padded rows (16-byte aligned, 128 bytes when
+                               // long: the fast cp.async / TMA path) before the GEMM
 };
 
 }  // namespace tcgemm
