@@ -226,29 +226,55 @@ def effective_split(c: Config, k: int, split_k: int) -> int:
     return max(1, math.ceil(kt / per))
 
 
-# Packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples is copied into
-# padded rows before the GEMM so that the fast 16-byte cp.async path streams it. Below this many
-# FLOP the extra launch and copy are not worth it (the element-wise loads are then cheap).
+# Packing (ffi/gemm_pack.cu): a product that packs (should_pack: the `pack` attribute of the
+# call) copies every operand whose rows need_pack into padded rows in the workspace before the
+# GEMM, so that the 16-byte cp.async / TMA path streams it from rows at a fast pitch.
+# Rows that are not 16-byte multiples: below this many FLOP the extra launch and copy are not
+# worth it (the element-wise loads are then cheap).
 PACK_MIN_FLOP = 2**27
+# Rows of 512 elements or more that are 16-byte but not 32-byte multiples (e.g. 1000, 3000) stream
+# 1.2-2.7x slower per flop than aligned twins (H100, graph replay, benchmarks/NOTES.md "Row
+# pitch"): 3000^3 on sm90 128x256 152.6 us vs 101.9 on 3072^3, mostly from B's pitch (C's costs
+# nothing); copying 3000^3's operands costs ~13 us against ~50 us of penalty. From 2^30 FLOP
+# (1000^3 is 2^30.9) the copy is worth it.
+PITCH_PACK_MIN_FLOP = 2**30
+
+
+def needs_pack(cols: int) -> bool:
+    """Whether a product that packs copies an operand whose rows have `cols` contiguous
+    elements: rows that are not 16-byte multiples (cols % 8 != 0), and rows of 512 or more
+    that are not 32-byte multiples (cols % 16 != 0). Same rule as NeedsPack in
+    ffi/gemm_dispatch.h (PlanWorkspace)."""
+    return cols % 8 != 0 or (cols >= 512 and cols % 16 != 0)
+
+
+def _row_lengths(m: int, n: int, k: int, transpose_a: bool, transpose_b: bool
+                 ) -> tuple[int, int]:
+    """Contiguous extents (row lengths as stored) of A and B."""
+    return (m if transpose_a else k), (k if transpose_b else n)
 
 
 def _rows_aligned(m: int, n: int, k: int, transpose_a: bool, transpose_b: bool) -> bool:
     """Whether both stored operands' rows are 16-byte (8-element) multiples."""
-    return (m if transpose_a else k) % 8 == 0 and (k if transpose_b else n) % 8 == 0
+    return all(c % 8 == 0 for c in _row_lengths(m, n, k, transpose_a, transpose_b))
 
 
 def should_pack(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = False,
                 transpose_b: bool = False) -> bool:
-    """Whether the CUDA lowering has the handler pack a misaligned operand."""
-    return (not _rows_aligned(m, n, k, transpose_a, transpose_b)
-            and 2 * batch * m * n * k >= PACK_MIN_FLOP)
+    """Whether the CUDA lowering has the handler pack (every operand whose rows need_pack):
+    where some operand's rows are not 16-byte multiples and the product has PACK_MIN_FLOP, or
+    some operand's rows are long (>= 512) 16-byte but not 32-byte multiples and it has
+    PITCH_PACK_MIN_FLOP."""
+    flop = 2 * batch * m * n * k
+    return any(needs_pack(c) and flop >= (PACK_MIN_FLOP if c % 8 else PITCH_PACK_MIN_FLOP)
+               for c in _row_lengths(m, n, k, transpose_a, transpose_b))
 
 
 def tma_addressable(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = False,
                     transpose_b: bool = False) -> bool:
     """Whether an sm90 config runs as itself on a 9.0 device: both operands' rows are 16-byte
-    multiples as stored or once packed (XLA's buffers are aligned). Otherwise it runs as its
-    sm80_fallback."""
+    multiples as stored or once packed (a product that packs copies every operand whose rows
+    are not; XLA's buffers are aligned). Otherwise it runs as its sm80_fallback."""
     return (_rows_aligned(m, n, k, transpose_a, transpose_b)
             or should_pack(m, n, k, batch, transpose_a, transpose_b))
 
@@ -264,14 +290,16 @@ def packed_ld(cols: int) -> int:
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
                      transpose_a: bool, transpose_b: bool, config: str, split_k: int,
                      pack: bool) -> int:
-    """float32 workspace of one call: split-K partials, then the packed operand copies (rows
-    padded to packed_ld elements); PlanWorkspace in ffi/gemm_dispatch.cc (a CPU test compares)."""
+    """float32 workspace of one call: split-K partials, then (with `pack`) copies of the operands
+    whose rows need_pack (rows padded to packed_ld elements); PlanWorkspace in
+    ffi/gemm_dispatch.cc (a CPU test compares)."""
     s = effective_split(BY_NAME[config], k, split_k)
     total = (s * batch * m * n + 31) // 32 * 32 if s > 1 else 0  # packed copies 128-B aligned
-    for contig, outer, shared in ((m if transpose_a else k, k if transpose_a else m, a_shared),
-                                  (k if transpose_b else n, n if transpose_b else k, b_shared)):
+    contig_a, contig_b = _row_lengths(m, n, k, transpose_a, transpose_b)
+    for contig, outer, shared in ((contig_a, k if transpose_a else m, a_shared),
+                                  (contig_b, n if transpose_b else k, b_shared)):
         rows = (1 if shared else batch) * outer
-        if pack and contig % 8 != 0 and rows > 0:
+        if pack and needs_pack(contig) and rows > 0:
             total += rows * packed_ld(contig) // 2
     return total
 
