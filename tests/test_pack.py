@@ -1,11 +1,13 @@
-"""Operand packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples is copied
-into padded rows in the workspace, and the 16-byte cp.async kernel variant runs on the copy.
+"""Operand packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples, or are
+long (>= 512 elements) and not 32-byte multiples, is copied into padded rows in the workspace,
+and the 16-byte cp.async / TMA kernel path runs on the copy (configs.needs_pack).
 
 CPU tests: the planner's rule, the workspace size Python asks for against the handler's own
 PlanWorkspace (through the extension), and the lowering. GPU tests: packing forced on small odd
-shapes (configs.PACK_MIN_FLOP patched to 0, caches cleared so that every call lowers again)
-in every layout, dtype, batch sharing and split-K mode, against the float64 reference, and
-bitwise equal to the unpacked (element-load) path: both sum the same products in the same
+shapes and on pitch-only ones (configs.PACK_MIN_FLOP and PITCH_PACK_MIN_FLOP patched to 0,
+caches cleared so that every call lowers again) in every layout, dtype, batch sharing and
+split-K mode, against the float64 reference, and bitwise equal to the unpacked path (element
+loads, or the same kernel on rows at their own pitch): both sum the same products in the same
 order."""
 import itertools
 
@@ -32,13 +34,41 @@ LAYOUTS = list(itertools.product((False, True), repeat=2))
     (4096, 4097, 4096, False, True, False),   # NT: B rows are K (aligned); N odd is harmless
     (4097, 4096, 4096, True, False, True),    # TN: A rows are M = 4097
     (127, 129, 255, False, False, False),     # too small to pay for the copy
+    # rows 16-byte but not 32-byte multiples: packed when >= 512 long and >= 2^30 FLOP
+    (3000, 3000, 3000, False, False, True),
+    (1000, 1000, 1000, False, False, True),   # 2e9 FLOP >= 2^30
+    (3072, 3072, 3072, False, False, False),  # 32-byte multiples
+    (520, 520, 520, False, False, False),     # 2.8e8 FLOP: too small
+    (4096, 4096, 504, False, False, False),   # K rows of 504: short rows stream fine
+    (4096, 4096, 520, False, False, True),    # K rows of 520
+    (4096, 3000, 4096, False, False, True),   # NN: B rows are N = 3000
+    (4096, 3000, 4096, False, True, False),   # NT: A and B rows are K; N = 3000 only C's rows
+    (3000, 4096, 4096, False, False, False),  # NN: M = 3000 is only a row count
+    (3000, 4096, 4096, True, False, True),    # TN: A rows are M = 3000
+    (3000, 4096, 4096, True, True, True),     # TT: A rows are M = 3000
 ])
 def test_should_pack(m, n, k, ta, tb, want):
     assert configs.should_pack(m, n, k, 1, ta, tb) is want
 
 
+def test_needs_pack_and_tma():
+    assert [x for x in (8, 504, 511, 512, 520, 1000, 1001, 1024, 3000, 3072, 4093)
+            if configs.needs_pack(x)] == [511, 520, 1000, 1001, 3000, 4093]
+    # a pitch-only product stays TMA-addressable whether or not it is packed
+    assert configs.tma_addressable(3000, 3000, 3000) and configs.should_pack(3000, 3000, 3000)
+    assert configs.tma_addressable(520, 520, 520) and not configs.should_pack(520, 520, 520)
+
+
 def test_workspace_floats_by_hand():
     c = configs.CONFIGS[0].name
+    # pitch-only 3000^3: both operands' rows of 3000 -> 3008; short rows of 504 are not copied
+    assert configs.workspace_floats(3000, 3000, 3000, 1, True, True, False, False, c, 1,
+                                    True) == 2 * 3000 * 3008 // 2
+    assert configs.workspace_floats(4096, 4096, 504, 1, True, True, False, False, c, 1,
+                                    True) == 0
+    # a packing product copies both kinds: A rows of K = 1001 -> 1024, B rows of N = 520 -> 576
+    assert configs.workspace_floats(300, 520, 1001, 1, True, True, False, False, c, 1,
+                                    True) == 300 * 1024 // 2 + 1001 * 576 // 2
     # A (1, 4095, 4093) -> rows of 4096: 4095 * 4096 / 2 floats; B (1, 4093, 4097) -> 4160
     # (rows of 512 or more are padded to 64 elements, shorter ones to 8)
     assert configs.workspace_floats(4095, 4097, 4093, 1, True, True, False, False, c, 1,
@@ -78,8 +108,14 @@ def test_workspace_floats_match_handler(config):
     """configs.workspace_floats == PlanWorkspace (C++) over shapes, layouts, sharing, splits
     (sm90 configs included: their workspace is their sm80 fallback's)."""
     rng = np.random.default_rng(7)
+
+    def extent():  # any, pitch-only (>= 512, % 16 == 8) or a 32-byte multiple, equally often
+        kind = rng.integers(0, 3)
+        x = int(rng.integers(1, 3000)) if kind == 0 else 16 * int(rng.integers(32, 190))
+        return x + 8 if kind == 1 else x
+
     for _ in range(300):
-        m, n, k = (int(x) for x in rng.integers(1, 3000, 3))
+        m, n, k = extent(), extent(), extent()
         batch = int(rng.integers(1, 4))
         sa, sb, ta, tb, pack = (bool(x) for x in rng.integers(0, 2, 5))
         split = int(rng.choice([1, 2, 3, 5, 8, 13, 64]))
@@ -87,17 +123,20 @@ def test_workspace_floats_match_handler(config):
         assert configs.workspace_floats(*args) == _ffi._tcgemm.workspace_floats(*args), args
 
 
-def test_lowering_packs_odd_shapes(monkeypatch):
+@pytest.mark.parametrize("m,k,n,ws", [
+    (1023, 1021, 1025, 1023 * 1024 // 2 + 1021 * 1088 // 2),  # rows of 1021 -> 1024, 1025 -> 1088
+    (1000, 1000, 1000, 2 * 1000 * 1024 // 2),                  # pitch only: rows of 1000 -> 1024
+])
+def test_lowering_packs_odd_shapes(m, k, n, ws, monkeypatch):
     """The CUDA lowering of a large odd product asks for packing and the workspace for it."""
     monkeypatch.setattr(_ffi, "require", lambda: None)
-    a = jax.ShapeDtypeStruct((1, 1023, 1021), F16)
-    b = jax.ShapeDtypeStruct((1, 1021, 1025), F16)
+    a = jax.ShapeDtypeStruct((1, m, k), F16)
+    b = jax.ShapeDtypeStruct((1, k, n), F16)
     cfg = configs.CONFIGS[0].name
     f = jax.jit(lambda x, y: tcgemm(x, y, config=cfg, split_k=1))
     text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
     (line,) = [ln for ln in text.splitlines() if "@tcgemm" in ln and "custom_call" in ln]
     assert "pack = true" in line
-    ws = 1023 * 1024 // 2 + 1021 * 1088 // 2  # rows of 1021 -> 1024, 1025 -> 1088 (packed_ld)
     assert f"tensor<{ws}xf32>" in line
 
 
@@ -109,7 +148,8 @@ _tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype"
 
 
 def _call(pack_min_flop, monkeypatch, a, b, **kw):
-    monkeypatch.setattr(configs, "PACK_MIN_FLOP", pack_min_flop)
+    monkeypatch.setattr(configs, "PACK_MIN_FLOP", pack_min_flop)  # both rules: 0 packs every
+    monkeypatch.setattr(configs, "PITCH_PACK_MIN_FLOP", pack_min_flop)  # needs_pack operand
     jax.clear_caches()  # lower again under the patched rule
     return np.asarray(_tc(a, b, **kw))
 
@@ -129,10 +169,26 @@ CASES = [  # (batch_a, batch_b, m, n, k, config index, split_k); split 3: in a c
     (3, 1, 70, 91, 515, 5, 1), (1, 4, 129, 255, 257, 6, 2), (2, 2, 17, 9, 4103, 3, 12),
     (1, 1, 4095, 129, 1029, 1, 1), (1, 1, 200, 72, 1, 4, 1),
 ]
+_SM90 = next(i for i, c in enumerate(configs.CONFIGS) if c.kind == "sm90")
+# Pitch only: every extent a multiple of 8, rows of >= 512 not of 16 (520, 776, 1000, 1512, 1544,
+# 4104; TN / TT rows of M < 512 stay as stored); M, N not tile multiples.
+PITCH_CASES = [
+    (1, 1, 136, 520, 1000, 0, 1), (1, 1, 520, 1512, 776, _SM90, 1),
+    (1, 1, 72, 1000, 1544, 3, 3), (1, 2, 24, 520, 4104, 6, 12), (2, 1, 200, 1000, 1032, _SM90, 2),
+]
+
+
+def test_pitch_cases_are_pitch_only():
+    """Each PITCH_CASE has rows that are 16-byte multiples in every layout, and some that
+    need_pack (so its packed run differs from the plain one only in the pitch)."""
+    for _, _, m, n, k, _, _ in PITCH_CASES:
+        for ta, tb in LAYOUTS:
+            rows = configs._row_lengths(m, n, k, ta, tb)
+            assert all(r % 8 == 0 for r in rows) and any(map(configs.needs_pack, rows))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CASES + PITCH_CASES, ids=str)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
 def test_packed_matches_reference_and_unpacked(case, dtype, monkeypatch):
     ba, bb, m, n, k, ci, split = case
