@@ -39,7 +39,7 @@ LAYOUTS = list(itertools.product((False, True), repeat=2))
     (1000, 1000, 1000, False, False, True),   # 2e9 FLOP >= 2^30
     (3072, 3072, 3072, False, False, False),  # 32-byte multiples
     (520, 520, 520, False, False, False),     # 2.8e8 FLOP: too small
-    (4096, 4096, 504, False, False, False),   # K rows of 504: short rows stream fine
+    (4096, 4096, 504, False, False, False),   # K rows of 504: under 512, left as stored
     (4096, 4096, 520, False, False, True),    # K rows of 520
     (4096, 3000, 4096, False, False, True),   # NN: B rows are N = 3000
     (4096, 3000, 4096, False, True, False),   # NT: A and B rows are K; N = 3000 only C's rows
