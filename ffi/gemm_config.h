@@ -10,13 +10,12 @@ namespace tcgemm {
 enum class Kind : int {
   kSm80 = 0,  // cp.async + ldmatrix + mma.sync (sm_80 and newer)
   kSm90 = 1,  // TMA + mbarrier + wgmma, warp-specialized (compute capability 9.0 only)
-  kSm90Tma = 2,  // the sm80 kernel fed by TMA copies instead of cp.async (9.0 only)
 };
 
 struct GemmConfig {
   int bm, bn, bk;      // threadblock tile
   int stages;          // pipeline depth (cp.async groups, or TMA stages)
-  int warps_m, warps_n;  // sm80 and sm90tma: warp layout; sm90: 0, 0
+  int warps_m, warps_n;  // sm80: warp layout; sm90: 0, 0
   Kind kind = Kind::kSm80;
   int consumers = 0;   // sm90: consumer warpgroups, each owning bm / consumers rows
 };
@@ -24,10 +23,7 @@ struct GemmConfig {
 inline constexpr GemmConfig kConfigs[] = {
 #define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN) GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm80, 0},
 #define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
-#define TCGEMM_SM90_TMA_CONFIG(BM, BN, BK, S, WM, WN) \
-  GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm90Tma, 0},
 #include "gemm_config.inc"
-#undef TCGEMM_SM90_TMA_CONFIG
 #undef TCGEMM_SM90_CONFIG
 #undef TCGEMM_CONFIG
 };
@@ -37,25 +33,16 @@ inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
   if (c.kind == Kind::kSm90) return "sm90_" + tile + "_g" + std::to_string(c.consumers);
-  const std::string warps = "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n);
-  return (c.kind == Kind::kSm90Tma ? "sm90tma_" : "sm80_") + tile + warps;
+  return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n);
 }
 
-// The sm80 config that runs in place of Hopper config `cfg` where that cannot (another GPU,
-// operands TMA cannot address): for an sm90 row the first sm80 row with the same BK, so that k
-// tiles, split-K slices and the workspace the caller sized stay the same; for an sm90tma row the
-// sm80 row of the same tile, warps and stages (its twin: same kernel, cp.async loads). sm80 rows
-// map to themselves.
+// The sm80 config that runs in place of sm90 config `cfg` where that cannot (another GPU,
+// operands TMA cannot address): the first sm80 row with the same BK, so that k tiles, split-K
+// slices and the workspace the caller sized stay the same. Every other config maps to itself.
 constexpr int Sm80Fallback(int cfg) {
-  const GemmConfig& c = kConfigs[cfg];
-  if (c.kind == Kind::kSm80) return cfg;
-  for (int i = 0; i < kNumConfigs; ++i) {
-    const GemmConfig& f = kConfigs[i];
-    if (f.kind != Kind::kSm80 || f.bk != c.bk) continue;
-    if (c.kind == Kind::kSm90 || (f.bm == c.bm && f.bn == c.bn && f.warps_m == c.warps_m &&
-                                  f.warps_n == c.warps_n))
-      return i;
-  }
+  if (kConfigs[cfg].kind == Kind::kSm80) return cfg;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].kind == Kind::kSm80 && kConfigs[i].bk == kConfigs[cfg].bk) return i;
   return -1;
 }
 
@@ -84,10 +71,9 @@ constexpr bool EveryHopperRowHasFallback() {
   return true;
 }
 }  // namespace detail
-static_assert(detail::EveryHopperRowHasFallback(),
-              "an sm90 row needs an sm80 row with its BK, an sm90tma row its sm80 twin");
+static_assert(detail::EveryHopperRowHasFallback(), "an sm90 row needs an sm80 row with its BK");
 
-// Compile-time traits of sm80 (or sm90tma) config CFG: derived sizes, checked by static_assert.
+// Compile-time traits of sm80 config CFG: derived sizes, checked by static_assert.
 template <int CFG>
 struct ConfigTraits {
   static constexpr GemmConfig c = kConfigs[CFG];
@@ -120,23 +106,11 @@ struct ConfigTraits {
   // M/N-contiguous tiles: rows of k*128 bytes, or (A only, for skinny M) of 32 or 64 bytes
   static_assert((kBM % 64 == 0 || kBM == 16 || kBM == 32) && kBN % 64 == 0,
                 "M/N-contiguous tiles need 128-byte rows (BM may also be 16 or 32)");
-  static_assert(c.kind != Kind::kSm90, "ConfigTraits describes mma.sync (sm80, sm90tma) rows");
+  static_assert(c.kind == Kind::kSm80, "ConfigTraits describes sm80 (mma.sync) rows only");
   static_assert(kStages >= 2, "a pipeline needs at least two stages");
   static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,
                 "every thread copies the same number of 16-byte chunks per stage");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
-
-  // sm90tma rows: the stages start on 1024 bytes (the period of the 128-byte TMA swizzle, which
-  // must line up with swizzle_chunk's), so the block asks that much slack; one 8-byte mbarrier
-  // per stage follows the stages.
-  static constexpr bool kTma = c.kind == Kind::kSm90Tma;
-  static constexpr int kTmaBarOffset = kSmemBytes;
-  static constexpr int kLaunchSmemBytes = kTma ? 1024 + kSmemBytes + kStages * 8 : kSmemBytes;
-  static_assert(!kTma || (kBK == 64 && kStageBytes % 1024 == 0 && (kBM * kBK * kElem) % 1024 == 0),
-                "sm90tma: 128-byte k rows, stages and B tiles on 1024-byte boundaries");
-  static_assert(!kTma || (kBN == 64 && (kBM == 16 || kBM == 32 || kBM == 64)),
-                "sm90tma: one TMA box per tile, rows of 32, 64 or 128 bytes (the swizzle widths)");
-  static_assert(kLaunchSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
 };
 
 }  // namespace tcgemm

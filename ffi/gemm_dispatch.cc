@@ -147,11 +147,10 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
   const DeviceInfo dev = Info(device);
 
-  // Hopper rows (sm90, sm90tma) run as themselves on compute capability 9.0 when TMA can
-  // address both operands (16-byte aligned rows and batch items); otherwise as their sm80
-  // fallback (same BK; for sm90tma the same tile).
+  // An sm90 row runs the Hopper kernel on compute capability 9.0 when TMA can address both
+  // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
-  if (kConfigs[config].kind != Kind::kSm80 &&
+  if (kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
   const GemmConfig& cfg = kConfigs[config];
@@ -167,7 +166,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // thread block cluster and reduce through distributed shared memory; otherwise they write
   // float32 partials to the workspace and a second kernel sums them into C.
   p.cluster_reduce =
-      cfg.kind != Kind::kSm90 && split > 1 && split <= kMaxClusterSplit && dev.cc >= 90;
+      cfg.kind == Kind::kSm80 && split > 1 && split <= kMaxClusterSplit && dev.cc >= 90;
   if (split > 1 && !p.cluster_reduce) {
     p.c = pr.workspace;
     p.out_type = OutType::kF32;
@@ -180,19 +179,9 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     return split > 1 ? ReduceSplits(pr, split, stream) : std::string();
   }
 
-  // sm80 rows: the cp.async kernel of the layout and alignment; sm90tma rows: the TMA-fed one
-  // (aligned by the check above) and its tensor maps.
-  const bool tma = cfg.kind == Kind::kSm90Tma;
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
-  const KernelEntry k = tma ? KernelSm90Tma(pr.in_type, config, a_kmajor, b_kmajor)
-                        : pr.in_type == InType::kF16 ? KernelF16(config, variant)
-                                                     : KernelBF16(config, variant);
-  if (!k.fn) return "no kernel for config " + ConfigName(cfg);
-  alignas(64) CUtensorMap maps[2];
-  if (tma)
-    if (std::string err = EncodeTileMaps(p, config, a_kmajor, b_kmajor, &maps[0], &maps[1]);
-        !err.empty())
-      return err;
+  const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(config, variant)
+                                                   : KernelBF16(config, variant);
   if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes,
                                        g_smem_configured[int(pr.in_type)][config][variant], device);
       !err.empty())
@@ -200,7 +189,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
 
   const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(split),
                   static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));
-  void* args[] = {&p, &maps[0], &maps[1]};  // the cp.async kernel takes p alone
+  void* args[] = {&p};
   cudaLaunchConfig_t launch{};
   launch.gridDim = grid;
   launch.blockDim = dim3(k.threads);

@@ -1,6 +1,5 @@
 // Host side of the GEMM: kernel tables per input type, config choice, launch.
 #pragma once
-#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -36,13 +35,6 @@ std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& don
 // redirected to the float32 workspace), one persistent block per SM of the `sms`.
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
                        bool b_kmajor, int device, int sms, cudaStream_t stream);
-
-// Defined in gemm_kernels_sm90.cu (sm_90a): the TMA-fed mma.sync kernel of sm90tma row
-// `config` for the layout, and the tensor maps it reads A and B of params p through (one box
-// per tile). Empty string, or what went wrong.
-KernelEntry KernelSm90Tma(InType in_type, int config, bool a_kmajor, bool b_kmajor);
-std::string EncodeTileMaps(const GemmParams& p, int config, bool a_kmajor, bool b_kmajor,
-                           CUtensorMap* map_a, CUtensorMap* map_b);
 
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);

@@ -1,7 +1,6 @@
-// Hopper kernels (every sm90 and sm90tma config x layout x input type), their TMA tensor maps
-// built on the host, and the sm90 launch (one persistent block per SM; sm90tma rows launch like
-// sm80 rows, from LaunchGemm). Compiled for sm_90a only (CMakeLists.txt); the dispatcher runs
-// them only on compute capability 9.0.
+// Hopper kernels (every sm90 config x layout x input type) and their launch: TMA tensor maps
+// built on the host, one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt);
+// the dispatcher calls LaunchSm90 only on compute capability 9.0.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -11,7 +10,6 @@
 #include <utility>
 
 #include "gemm_dispatch.h"
-#include "gemm_sm80.cuh"
 #include "gemm_sm90.cuh"
 
 namespace tcgemm {
@@ -34,27 +32,21 @@ Encode EncodeFn() {
 }
 
 // 3-D map of an operand stored as `items` matrices of rows x cols (cols contiguous, rows `ld`
-// elements apart, items `item_stride` apart), read in boxes of box_cols (16, 32 or 64) columns x
-// box_rows rows, swizzled across the box's row width (32, 64 or 128 bytes). Reads outside the
-// matrix return zeros.
+// elements apart, items `item_stride` apart), read in boxes of 64 columns x box_rows rows with
+// the 128-byte swizzle. Reads outside the matrix return zeros.
 std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-                          int64_t items, int64_t ld, int64_t item_stride, int box_cols,
-                          int box_rows) {
+                          int64_t items, int64_t ld, int64_t item_stride, int box_rows) {
   const Encode encode = EncodeFn();
   if (!encode) return "cuTensorMapEncodeTiled is not available from the CUDA driver";
   const cuuint64_t dims[3] = {cuuint64_t(std::max<int64_t>(cols, 1)),
                               cuuint64_t(std::max<int64_t>(rows, 1)), cuuint64_t(items)};
   const int64_t item_bytes = (item_stride ? item_stride : rows * ld) * 2;
   const cuuint64_t strides[2] = {cuuint64_t(ld * 2), cuuint64_t(std::max<int64_t>(item_bytes, 16))};
-  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
-  const CUtensorMapSwizzle swizzle = box_cols == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
-                                     : box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                                      : CU_TENSOR_MAP_SWIZZLE_32B;
-  if (box_cols != 16 && box_cols != 32 && box_cols != 64) return "TMA box of unsupported width";
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims,
-                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
@@ -92,50 +84,7 @@ Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>
 
 std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // shared-memory limit raised, per device
 
-// sm90tma rows: the TMA-fed mma.sync kernel per layout (a_kmajor * 2 + b_kmajor); others none.
-template <typename T, int CFG>
-std::array<KernelEntry, 4> TmaEntries() {
-  if constexpr (kConfigs[CFG].kind == Kind::kSm90Tma) {
-    using Tr = ConfigTraits<CFG>;
-    auto entry = [](const void* fn) { return KernelEntry{fn, Tr::kThreads, Tr::kLaunchSmemBytes}; };
-    return {entry(reinterpret_cast<const void*>(&gemm_sm80_tma_kernel<T, CFG, false, false>)),
-            entry(reinterpret_cast<const void*>(&gemm_sm80_tma_kernel<T, CFG, false, true>)),
-            entry(reinterpret_cast<const void*>(&gemm_sm80_tma_kernel<T, CFG, true, false>)),
-            entry(reinterpret_cast<const void*>(&gemm_sm80_tma_kernel<T, CFG, true, true>))};
-  } else {
-    return {};
-  }
-}
-
-template <typename T, int... CFGs>
-KernelEntry LookupTma(int config, int layout, std::integer_sequence<int, CFGs...>) {
-  static const std::array<KernelEntry, 4> table[] = {TmaEntries<T, CFGs>()...};
-  return table[config][layout];
-}
-
 }  // namespace
-
-KernelEntry KernelSm90Tma(InType in_type, int config, bool a_kmajor, bool b_kmajor) {
-  const int layout = int(a_kmajor) * 2 + int(b_kmajor);
-  constexpr auto configs = std::make_integer_sequence<int, kNumConfigs>{};
-  return in_type == InType::kF16 ? LookupTma<__half>(config, layout, configs)
-                                 : LookupTma<__nv_bfloat16>(config, layout, configs);
-}
-
-std::string EncodeTileMaps(const GemmParams& p, int config, bool a_kmajor, bool b_kmajor,
-                           CUtensorMap* map_a, CUtensorMap* map_b) {
-  const GemmConfig& c = kConfigs[config];
-  if (c.kind != Kind::kSm90Tma) return "config is not an sm90tma row";
-  // A: [M][K] (boxes BK x BM) or [K][M] (BM x BK); B: [N][K] (BK x BN) or [K][N] (BN x BK).
-  std::string err = EncodeOperand(map_a, p.a, a_kmajor ? p.k : p.m, a_kmajor ? p.m : p.k,
-                                  p.stride_a ? p.batch : 1, p.lda, p.stride_a,
-                                  a_kmajor ? c.bk : c.bm, a_kmajor ? c.bm : c.bk);
-  if (err.empty())
-    err = EncodeOperand(map_b, p.b, b_kmajor ? p.k : p.n, b_kmajor ? p.n : p.k,
-                        p.stride_b ? p.batch : 1, p.ldb, p.stride_b, b_kmajor ? c.bk : c.bn,
-                        b_kmajor ? c.bn : c.bk);
-  return err;
-}
 
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
                        bool b_kmajor, int device, int sms, cudaStream_t stream) {
@@ -152,10 +101,10 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
   const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
   const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
   std::string err = EncodeOperand(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
-                                  p.stride_a, 64, a_kmajor ? k.bm : 64);
+                                  p.stride_a, a_kmajor ? k.bm : 64);
   if (err.empty())
     err = EncodeOperand(&map_b, p.b, b_cols, b_rows, p.stride_b ? p.batch : 1, p.ldb, p.stride_b,
-                        64, b_kmajor ? k.bn : 64);
+                        b_kmajor ? k.bn : 64);
   if (!err.empty()) return err;
 
   auto& raised = g_configured[int(in_type)][config][layout];

@@ -3,8 +3,7 @@
 // One loop per layer:
 //   kernel       : batch loop (grid z), K slice of split-K (grid y), threadblock rasterization
 //                  (grid x)
-//   threadblock  : multi-stage global->shared pipeline over K: cp.async (TileLoader), or for
-//                  sm90tma rows TMA bulk tensor copies on mbarriers (TmaTiles)
+//   threadblock  : cp.async multi-stage global->shared pipeline over K (TileLoader)
 //   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments)
 //   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
 //   epilogue     : per-warp float32 staging in shared memory, coalesced row stores (store_tile)
@@ -16,7 +15,6 @@
 // with the row (swizzle_chunk), so the 8 row addresses of every ldmatrix phase and the 8
 // chunks of every cp.async phase hit 8 distinct 16-byte bank groups.
 #pragma once
-#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -30,7 +28,6 @@
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
-#include "ptx/tma.cuh"
 
 namespace tcgemm {
 
@@ -272,43 +269,10 @@ __device__ __forceinline__ void cluster_reduce_store(
 #endif
 }
 
-// Where each k tile comes from. cp.async (sm80 rows): every thread copies its 16-byte chunks
-// (TileLoader) and waits on its own commit groups, then a barrier publishes them. TMA (sm90tma
-// rows): thread 0 issues one bulk tensor copy per operand tile (the tensor map's 32/64/128-byte
-// swizzle writes exactly swizzle_chunk's layout), completing on the stage's mbarrier; every
-// thread waits on that barrier's phase. Tiles past the slice are not fetched at all (the maps
-// span all of K), and nothing waits for them.
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
-struct TmaTiles {
-  using Tr = ConfigTraits<CFG>;
-  const CUtensorMap* map_a;
-  const CUtensorMap* map_b;
-  uint32_t bars;  // shared address of the kStages mbarriers (8 bytes each)
-  int m0, n0, za, zb;
-  int64_t k_begin;
-
-  __device__ __forceinline__ uint32_t bar(uint32_t g) const { return bars + (g % Tr::kStages) * 8; }
-  // Global tile g (counted over the block's whole life) = local tile t of this slice, into
-  // stage g % kStages.
-  __device__ __forceinline__ void issue(uint32_t g, int t, uint32_t a_dst, uint32_t b_dst) const {
-    const int k0 = static_cast<int>(k_begin + int64_t(t) * Tr::kBK);
-    ptx::mbarrier_arrive_expect_tx(bar(g), Tr::kStageBytes);
-    ptx::tma_load_3d(a_dst, map_a, bar(g), A_KMAJOR ? k0 : m0, A_KMAJOR ? m0 : k0, za);
-    ptx::tma_load_3d(b_dst, map_b, bar(g), B_KMAJOR ? k0 : n0, B_KMAJOR ? n0 : k0, zb);
-  }
-  __device__ __forceinline__ void wait(uint32_t g) const {
-    ptx::mbarrier_wait(bar(g), (g / Tr::kStages) & 1);
-  }
-};
-
-// The kernel body: sm80 rows call it from gemm_sm80_kernel (cp.async loads), sm90tma rows from
-// gemm_sm80_tma_kernel with their tensor maps (TMA loads). Everything but the loads is shared.
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
-__device__ __forceinline__ void gemm_sm80_body(const GemmParams& p, const CUtensorMap* map_a,
-                                               const CUtensorMap* map_b) {
+__global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
   using Tr = ConfigTraits<CFG>;
-  constexpr bool kTma = Tr::kTma;
-  extern __shared__ __align__(128) char smem_raw[];
+  extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp % Tr::kWarpsM) * Tr::kWM;
   const int wn0 = (warp / Tr::kWarpsM) * Tr::kWN;
@@ -324,8 +288,8 @@ __device__ __forceinline__ void gemm_sm80_body(const GemmParams& p, const CUtens
   const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
 
   // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
-  // [k_begin, k_end). The cp.async loaders see K as ending at k_end: the main loop fetches S-1
-  // tiles past the slice unconditionally, and those come back as zeros without reading memory.
+  // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles past
+  // the slice unconditionally, and those come back as zeros without reading memory.
   const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
   const int kt_begin = blockIdx.y * p.k_tiles_per_split;
   const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
@@ -340,66 +304,20 @@ __device__ __forceinline__ void gemm_sm80_body(const GemmParams& p, const CUtens
                            Tr::kThreads, ALIGNED, !A_KMAJOR>;
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
                            Tr::kThreads, ALIGNED, !B_KMAJOR>;
-  // TMA rows: the stages start on the next 1024-byte boundary (kLaunchSmemBytes has the slack).
-  const uint32_t raw_base = ptx::cvta_to_shared(smem_raw);
-  const uint32_t smem_base = kTma ? (raw_base + 1023) & ~1023u : raw_base;
-  char* smem = smem_raw + (smem_base - raw_base);
+  const uint32_t smem_base = ptx::cvta_to_shared(smem);
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
 
-  TmaTiles<T, CFG, A_KMAJOR, B_KMAJOR> tma;
-  uint32_t used = 0;  // TMA: k tiles this block consumed before the current batch item
-  if constexpr (kTma) {
-    tma.map_a = map_a;
-    tma.map_b = map_b;
-    tma.bars = smem_base + Tr::kTmaBarOffset;
-    tma.m0 = static_cast<int>(m0);
-    tma.n0 = static_cast<int>(n0);
-    tma.k_begin = k_begin;
-    if (tid == 0) {
-      ptx::prefetch_tensormap(map_a);
-      ptx::prefetch_tensormap(map_b);
-      for (int s = 0; s < Tr::kStages; ++s) ptx::mbarrier_init(tma.bars + s * 8, 1);
-      ptx::fence_mbarrier_init();
-    }
-    __syncthreads();
-  }
-
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
-    // Stage of local k tile t: (base + t) % kStages (TMA: the barriers' phases run on across
-    // batch items; cp.async: from 0 for each).
-    const uint32_t base = used;
-    auto stage = [&](int t) { return static_cast<int>((base + t) % Tr::kStages); };
     LoadA load_a;
     LoadB load_b;
-    if constexpr (kTma) {
-      tma.za = p.stride_a ? static_cast<int>(z) : 0;
-      tma.zb = p.stride_b ? static_cast<int>(z) : 0;
-    } else {
-      load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, p.lda,
-                  A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
-      load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, p.ldb,
-                  B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
-    }
-    // Fetches local k tile t (cp.async: always the loaders' next one, zeros past the slice, and
-    // a commit group; TMA: only tiles of the slice, from thread 0).
-    auto fetch = [&](int t) {
-      if constexpr (kTma) {
-        if (tid == 0 && t < ktiles) tma.issue(base + t, t, a_tile(stage(t)), b_tile(stage(t)));
-      } else {
-        load_a.load_next(a_tile(stage(t)));
-        load_b.load_next(b_tile(stage(t)));
-        ptx::cp_async_commit_group();
-      }
-    };
-    // Waits until local k tile t (the oldest in flight) has landed, for every thread.
-    auto landed = [&](int t) {
-      if constexpr (kTma) {
-        if (t < ktiles) tma.wait(base + t);
-      } else {
-        ptx::cp_async_wait_group<Tr::kStages - 2>();
-      }
-      __syncthreads();
+    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, p.lda,
+                A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
+    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, p.ldb,
+                B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
+    auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
+      load_a.load_next(a_tile(s));
+      load_b.load_next(b_tile(s));
     };
 
     float acc[Tr::kMI][Tr::kNI][4];
@@ -410,40 +328,36 @@ __device__ __forceinline__ void gemm_sm80_body(const GemmParams& p, const CUtens
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-    // Prologue: tiles 0..S-2 in flight (cp.async: one commit group each, empty past the last
-    // k tile). TMA: the epilogue's generic writes of the previous batch item come first.
-    if constexpr (kTma) {
-      if (tid == 0) ptx::fence_proxy_async_shared_cta();
-    }
+    // Prologue: stages 0..S-2 in flight, one commit group each (empty past the last k tile).
 #pragma unroll
     for (int s = 0; s < Tr::kStages - 1; ++s) {
-      if constexpr (kTma) {
-        fetch(s);
-      } else {
-        if (s < ktiles) {
-          load_a.load_next(a_tile(stage(s)));
-          load_b.load_next(b_tile(stage(s)));
-        }
-        ptx::cp_async_commit_group();
-      }
+      if (s < ktiles) load_stage(s);
+      ptx::cp_async_commit_group();
     }
-    landed(0);
+    ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile 0 has landed
+    __syncthreads();
 
-    // Main loop. Stage of tile kt is consumed while tile kt+S-1 streams into the stage of tile
-    // kt-1, whose last reader finished before the barrier at the end of iteration kt-1.
-    // Fragments are double-buffered: step kk+1 (after the last step's barrier: the next stage's
-    // first step) is read from shared memory while step kk's mma run.
+    // Main loop. Stage kt%S is consumed while tile kt+S-1 streams into stage (kt-1)%S, whose
+    // last reader finished before the barrier at the end of iteration kt-1. Fragments are
+    // double-buffered: step kk+1 (after the last step's barrier: the next stage's first step)
+    // is read from shared memory while step kk's mma run.
     WarpFragments<CFG, A_KMAJOR, B_KMAJOR> frag[2];
-    frag[0].load(a_tile(stage(0)), b_tile(stage(0)), 0, wm0, wn0, lane);
+    frag[0].load(a_tile(0), b_tile(0), 0, wm0, wn0, lane);
     for (int kt = 0; kt < ktiles; ++kt) {
-      const int s = stage(kt);
+      const int s = kt % Tr::kStages;
 #pragma unroll
       for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        if (kk == Tr::kKSteps - 1) landed(kt + 1);
-        const int s_next = kk == Tr::kKSteps - 1 ? stage(kt + 1) : s;
+        if (kk == Tr::kKSteps - 1) {
+          ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile kt+1 has landed
+          __syncthreads();
+        }
+        const int s_next = kk == Tr::kKSteps - 1 ? (kt + 1) % Tr::kStages : s;
         frag[(kk + 1) & 1].load(a_tile(s_next), b_tile(s_next), (kk + 1) % Tr::kKSteps, wm0, wn0,
                                 lane);
-        if (kk == 0) fetch(kt + Tr::kStages - 1);
+        if (kk == 0) {  // unconditional: past the slice's last k tile the loaders zero-fill
+          load_stage((kt + Tr::kStages - 1) % Tr::kStages);
+          ptx::cp_async_commit_group();
+        }
         const auto& f = frag[kk & 1];
 #pragma unroll
         for (int mi = 0; mi < Tr::kMI; ++mi)
@@ -454,34 +368,18 @@ __device__ __forceinline__ void gemm_sm80_body(const GemmParams& p, const CUtens
           }
       }
     }
-    if constexpr (!kTma) ptx::cp_async_wait_group<0>();  // TMA: every fetched tile was waited
+    ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
-    if constexpr (kTma) used += ktiles;
 
     if (p.cluster_reduce) {
       cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, wm0, wn0, tid);
     } else {
-      char* stage_area = smem + warp * 16 * Tr::kEpiRowBytes;
-      store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage_area,
-                      m0 + wm0, n0 + wn0, lane);
+      char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
+      store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
+                      n0 + wn0, lane);
     }
     __syncthreads();  // staging area is the next batch item's pipeline
   }
-}
-
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
-__global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
-  gemm_sm80_body<T, CFG, A_KMAJOR, B_KMAJOR, ALIGNED>(p, nullptr, nullptr);
-}
-
-// sm90tma rows (compute capability 9.0; instantiated in gemm_kernels_sm90.cu only): the maps
-// describe A and B as stored (3-D: columns, rows, batch items), boxes of one tile each.
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
-__global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1)
-    gemm_sm80_tma_kernel(const __grid_constant__ GemmParams p,
-                         const __grid_constant__ CUtensorMap map_a,
-                         const __grid_constant__ CUtensorMap map_b) {
-  gemm_sm80_body<T, CFG, A_KMAJOR, B_KMAJOR, true>(p, &map_a, &map_b);
 }
 
 }  // namespace tcgemm

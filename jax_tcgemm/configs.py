@@ -8,13 +8,9 @@ import math
 import pathlib
 import re
 
-# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N) (sm80),
-# TCGEMM_SM90_CONFIG(BM, BN, BK, STAGES, CONSUMERS) (Hopper, wgmma) or
-# TCGEMM_SM90_TMA_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N) (Hopper, TMA-fed mma.sync);
-# group 1 is "SM90" or "SM90_TMA" for the latter two.
-_ROW = re.compile(r"^\s*TCGEMM_(?:(SM90_TMA|SM90)_)?CONFIG\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)",
-                  re.M)
-_KINDS = {None: "sm80", "SM90": "sm90", "SM90_TMA": "sm90tma"}
+# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N) (sm80) or
+# TCGEMM_SM90_CONFIG(BM, BN, BK, STAGES, CONSUMERS) (Hopper); group 1 is "SM90" for the latter.
+_ROW = re.compile(r"^\s*TCGEMM_(?:(SM90)_)?CONFIG\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)", re.M)
 
 LAYOUTS = ("NN", "NT", "TN", "TT")  # BLAS letters for (A, B): N = as stored, T = transposed
 
@@ -29,11 +25,9 @@ class Config:
     bn: int
     bk: int
     stages: int
-    warps_m: int  # sm80, sm90tma: warp layout; sm90: 0, 0
+    warps_m: int  # sm80: warp layout; sm90: 0, 0
     warps_n: int
-    # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma; "sm90tma": TMA + mma.sync (the sm80
-    # kernel with TMA loads); the last two run as themselves on compute capability 9.0 only
-    kind: str = "sm80"
+    kind: str = "sm80"  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
     consumers: int = 0  # sm90: consumer warpgroups (beside one producer warpgroup)
 
     @property
@@ -41,7 +35,7 @@ class Config:
         tile = f"{self.bm}x{self.bn}x{self.bk}_s{self.stages}"
         if self.kind == "sm90":
             return f"sm90_{tile}_g{self.consumers}"
-        return f"{self.kind}_{tile}_w{self.warps_m}x{self.warps_n}"
+        return f"sm80_{tile}_w{self.warps_m}x{self.warps_n}"
 
     @property
     def threads(self) -> int:
@@ -64,12 +58,11 @@ def _table_text() -> str:
 
 def _parse(row: re.Match) -> Config:
     v = [int(x) for x in row.group(2).split(",")]
-    kind = _KINDS[row.group(1)]
-    if kind == "sm90":  # BM, BN, BK, STAGES, CONSUMERS
+    if row.group(1):  # SM90: BM, BN, BK, STAGES, CONSUMERS
         bm, bn, bk, stages, consumers = v
         return Config(bm, bn, bk, stages, 0, 0, "sm90", consumers)
     bm, bn, bk, stages, warps_m, warps_n = v
-    return Config(bm, bn, bk, stages, warps_m, warps_n, kind)
+    return Config(bm, bn, bk, stages, warps_m, warps_n)
 
 
 # File order = the C++ config index (kConfigs in ffi/gemm_config.h), sm90 rows included.
@@ -79,17 +72,14 @@ BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
 
 def sm80_fallback(c: Config) -> Config:
     """The config that runs in place of c where c cannot (Sm80Fallback in ffi/gemm_config.h):
-    on another GPU, or with operands TMA cannot address, an sm90 row runs as the first sm80 row
-    with the same BK (same k tiles, split-K slices and workspace), an sm90tma row as its sm80
-    twin (same tile and warps); c itself for sm80 rows."""
+    for an sm90 row on another GPU, or with operands TMA cannot address, the first sm80 row
+    with the same BK (same k tiles, split-K slices and workspace); c itself for sm80 rows."""
     if c.kind == "sm80":
         return c
     for f in CONFIGS:
-        if f.kind == "sm80" and f.bk == c.bk and (
-                c.kind == "sm90" or (f.bm, f.bn, f.warps_m, f.warps_n)
-                == (c.bm, c.bn, c.warps_m, c.warps_n)):
+        if f.kind == "sm80" and f.bk == c.bk:
             return f
-    raise ValueError(f"{c.name}: no sm80 row to fall back to")
+    raise ValueError(f"{c.name}: no sm80 row with BK = {c.bk} to fall back to")
 
 
 @functools.cache
@@ -108,8 +98,8 @@ def device_arch() -> tuple[int, ...] | None:
 
 def configs_for(arch: tuple[int, ...] | None) -> tuple[Config, ...]:
     """The configs worth planning with on a device of compute capability `arch` (None: not
-    known, as when tracing on a CPU): sm90 and sm90tma rows only on 9.0, where they run as
-    written (elsewhere they would run as their sm80 fallback)."""
+    known, as when tracing on a CPU): sm90 rows only on 9.0, where they run as written
+    (elsewhere they would run as their sm80 fallback)."""
     hopper = arch is not None and tuple(arch) == (9, 0)
     return tuple(c for c in CONFIGS if c.kind == "sm80" or hopper)
 
@@ -130,8 +120,6 @@ def blocks_per_sm(c: Config) -> int:
     smem = max(c.stages * (c.bm + c.bn) * c.bk * 2,  # kSmemBytes in ffi/gemm_config.h:
                c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16),  # pipeline, epilogue,
                c.bm * (c.bn + 4) * 4)  # cluster split-K tile
-    if c.kind == "sm90tma":  # 1024-byte alignment slack, one mbarrier per stage
-        smem += 1024 + 8 * c.stages
     return max(1, min(65536 // (threads * _REGS_PER_THREAD), _SMEM_PER_SM // (smem + 1024)))
 
 
@@ -156,10 +144,6 @@ _MAX_CLUSTERS = {(1, 2): 66, (1, 4): 30, (1, 8): 15, (2, 2): 132, (2, 4): 62, (2
 _PIPE_FILL = 6   # 32-wide k tiles of latency before a block's first mma, and its epilogue
 _FEW_WARPS = 0.8  # rate with fewer than 8 warps resident per SM (latencies not hidden)
 _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden under the longer
-# sm90tma rows: an SM streams tiles from L2 at ~96 GB/s with TMA against ~66 GB/s with cp.async
-# (H100, split-1 skinny products, benchmarks/NOTES.md v17): their per-tile latency term shrinks
-# by that ratio; everything else is modelled as for their sm80 twin.
-_TMA_LATENCY = 66 / 96
 # sm90 rows (TMA + wgmma, one block per SM). Fitted to H100 single launches (selftest) before
 # the shared-memory epilogue (v14): modelled 655 / 702 TFLOP/s for 128x256 at 4096^3 / 8192^3,
 # measured 659 / 710; 128x128 546 / 581, measured 544 / 556. Since v15 all rows run faster
@@ -217,8 +201,7 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     peak = _PEAK_SM90 if hopper else _PEAK
     t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * _rate(c, resident))
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
-    latency = _LATENCY * (_TMA_LATENCY if c.kind == "sm90tma" else 1.0)
-    t_tile = max(t_mma, latency / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
+    t_tile = max(t_mma, _LATENCY / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
     # With two or more resident blocks per SM one block's prologue and epilogue overlap
     # another's main loop: half the fill is hidden.
     fill = (_PIPE_FILL_SM90 * 64 if hopper else _PIPE_FILL * 32) / c.bk
@@ -351,18 +334,9 @@ def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
 SKINNY_MAX_M = 32
 
 
-# sm90tma rows (TMA-fed mma.sync) compete only in cluster splits. H100, bench harness, per
-# product (benchmarks/NOTES.md v18): 16 x 4096^2 split 2 19.0 us against 20.0 for the sm80
-# twin; in one slice no faster (16 x 11008 x 4096 44.4 vs 44.8 us, 16 x 8192 x 28672 177.9 vs
-# 179.1) or slower (32 x 4096^2 27.9 vs 24.5; 16 x 4096^2 26.4 vs 19.7).
-TMA_MIN_SPLIT = 2
-
-
 def competes(c: Config, s: int, m: int, n: int, batch: int = 1) -> bool:
     """Whether config c with s K slices is one of plan()'s candidates (rows with BM >= 64:
-    always; skinny rows: see SKINNY_MAX_M; sm90tma rows: see TMA_MIN_SPLIT)."""
-    if c.kind == "sm90tma" and s < TMA_MIN_SPLIT:
-        return False
+    always; skinny rows: see SKINNY_MAX_M)."""
     if c.bm >= 64:
         return True
     blocks = c.tiles(m, n) * batch
@@ -375,8 +349,7 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     """(config name, split_k) for a (batch x) M x N x K product on a device of compute
     capability `arch` (device_arch() for the default device; None: sm80 rows only): the pair
     of least modelled time (ties: less compute, the earlier config of the table, then fewer
-    slices). Hopper rows (sm90, sm90tma) compete only where they would run as themselves
-    (tma_addressable)."""
+    slices). sm90 rows compete only where they would run as themselves (tma_addressable)."""
     del dtype  # same model for both input types and all layouts (for now; the layout only
     # decides whether an sm90 row would run as itself)
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")

@@ -39,32 +39,14 @@ def test_sm90_rows():
     assert {c.name for c in SM90} >= {"sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2"}
 
 
-def test_sm90tma_rows():
-    """TMA-fed mma.sync rows: name rule, a warp layout like sm80 rows, the sm80 twin of the same
-    tile and warps as fallback (so the same workspace), split like it (clusters), planned only
-    on 9.0 (configs_for)."""
-    tma = [c for c in configs.CONFIGS if c.kind == "sm90tma"]
-    assert tma, "gemm_config.inc has no TCGEMM_SM90_TMA_CONFIG row"
-    for c in tma:
-        assert c.name == f"sm90tma_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
-        assert c.consumers == 0 and c.threads == 32 * c.warps_m * c.warps_n and c.bk == 64
-        f = configs.sm80_fallback(c)
-        assert f.kind == "sm80" and (f.bm, f.bn, f.bk, f.warps_m, f.warps_n) == (
-            c.bm, c.bn, c.bk, c.warps_m, c.warps_n)
-        assert configs.splits(c, 65536, 16) == configs.splits(f, 65536, 16)
-        assert configs.blocks_per_sm(c) >= 1
-        assert c in configs.configs_for((9, 0)) and c not in configs.configs_for((8, 0))
-
-
-def test_parse_every_row_kind():
+def test_parse_both_row_kinds():
     text = ("// TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N)\n"
             "TCGEMM_CONFIG(128, 256, 32, 4, 2, 4)\n  TCGEMM_SM90_CONFIG( 128,128 , 64, 6, 2 )\n"
-            "TCGEMM_CONFIG(64, 64, 64, 4, 2, 2)\nTCGEMM_SM90_TMA_CONFIG(16, 64, 64, 8, 1, 4)\n")
+            "TCGEMM_CONFIG(64, 64, 64, 4, 2, 2)\n")
     rows = [configs._parse(m) for m in configs._ROW.finditer(text)]
     assert [c.name for c in rows] == ["sm80_128x256x32_s4_w2x4", "sm90_128x128x64_s6_g2",
-                                      "sm80_64x64x64_s4_w2x2", "sm90tma_16x64x64_s8_w1x4"]
+                                      "sm80_64x64x64_s4_w2x2"]
     assert rows[1] == configs.Config(128, 128, 64, 6, 0, 0, "sm90", 2)
-    assert rows[3] == configs.Config(16, 64, 64, 8, 1, 4, "sm90tma")
 
 
 @pytest.mark.parametrize("m,n,k,batch", [
@@ -99,13 +81,11 @@ def test_plan_picks_sm90_on_hopper(m, n, k):
 
 def test_skinny_plans_on_hopper():
     """Against 4096 x 4096 weights on 9.0 (H100, CUDA-graph replay of every candidate): M = 16
-    takes the TMA-fed 16-row tile in a 2-block cluster split (bench harness 19.0 us per product,
-    its cp.async twin 20.0; the twin under graph replay 8.6 us, 64x64x64 split 2 12.1, the best
+    takes the 16-row tile in a 2-block cluster split (8.6 us; 64x64x64 split 2 12.1, the best
     sm90 plan 12.2), M = 32 the 16-row tile in one slice (11.8 us; two slices 14.3, 64x64x64
     split 2 12.5), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
     64x64x64 split 2 31.8). 16 x 28672 x 8192 needs two waves of 16-row tiles: sm90 instead."""
-    assert configs.plan(16, 4096, 4096, arch=(9, 0)) == ("sm90tma_16x64x64_s8_w1x4", 2)
-    assert configs.plan(16, 4096, 4096) == ("sm80_16x64x64_s6_w1x4", 2)  # elsewhere: the twin
+    assert configs.plan(16, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 2)
     assert configs.plan(32, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 1)
     assert configs.plan(128, 4096, 4096, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 2)
     assert configs.plan(16, 28672, 8192, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
@@ -152,8 +132,8 @@ def test_device_arch():
 
 @pytest.mark.parametrize("split", [1, 2, 3, 64])
 def test_sm90_workspace_equals_fallback(split):
-    """A Hopper config asks for the same float32 workspace as its fallback (same BK)."""
-    for c in [c for c in configs.CONFIGS if c.kind != "sm80"]:
+    """An sm90 config asks for the same float32 workspace as its fallback (same BK)."""
+    for c in SM90:
         f = configs.sm80_fallback(c)
         for args in [(300, 520, 200, 1, True, True, False, False),
                      (129, 257, 1000, 3, False, True, True, False),

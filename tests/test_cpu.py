@@ -80,14 +80,13 @@ def test_config_names_procedural_and_unique():
     names = [c.name for c in configs.CONFIGS]
     assert len(set(names)) == len(names)
     kinds = [c.kind for c in configs.CONFIGS]
-    assert set(kinds) <= {"sm80", "sm90", "sm90tma"} and kinds[0] == "sm80"
-    assert kinds == sorted(kinds)  # Hopper rows come last in the table (= C++ index order)
+    assert set(kinds) <= {"sm80", "sm90"} and kinds[0] == "sm80"
+    assert kinds == sorted(kinds)  # sm90 rows come last in the table (= C++ index order)
     for c in configs.CONFIGS:
         assert configs.BY_NAME[c.name] is c and c.bk % 16 == 0
-        if c.kind in ("sm80", "sm90tma"):
-            assert re.fullmatch(r"sm(80|90tma)_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
-            assert c.name == (f"{c.kind}_{c.bm}x{c.bn}x{c.bk}_s{c.stages}"
-                              f"_w{c.warps_m}x{c.warps_n}")
+        if c.kind == "sm80":
+            assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
+            assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
             assert c.consumers == 0 and c.threads == 32 * c.warps_m * c.warps_n
             assert c.bm % (16 * c.warps_m) == 0 and c.bn % (8 * c.warps_n) == 0
     assert configs.LAYOUTS == ("NN", "NT", "TN", "TT")

@@ -56,15 +56,6 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// Orders this thread's earlier generic-proxy accesses of shared memory before its later
-// async-proxy (TMA) ones: shared memory the epilogue wrote is then safe to refill by TMA.
-// PTX ISA 8.x, 9.7.12.15 "membar/fence" (fence.proxy.async).
-__device__ __forceinline__ void fence_proxy_async_shared_cta() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 // Fetches the tensor map (a __grid_constant__ kernel parameter) into the descriptor cache.
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
