@@ -182,9 +182,14 @@ def test_sm90_configs(config, dtype):
         a, b, ref = make("sm90_batch", 136, 264, 320, dtype, ba, bb)
         check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=(config,),
                   what=f"batch {ba}/{bb} 136x264x320")
-    # explicit split_k = 2: float32 workspace + reduction kernel (never a cluster for sm90)
+    # explicit split_k = 2: float32 workspace + reduction kernel (never a cluster for sm90);
+    # K = 3000 (47 k tiles) runs every stage's mbarriers through several phases, in 1, 3 and 12
+    # slices, over a batch of 2 with a shared B
     a, b, ref = make("sm90_split", 200, 392, 1536, dtype)
     check_all(a, b, ref, LAYOUTS, (dtype, F32), configs_=((config, 2),), what="200x392x1536")
+    a, b, ref = make("sm90_longk", 40, 264, 3000, dtype, 2, 1)
+    check_all(a, b, ref, LAYOUTS, (F32,), configs_=(config, (config, 3), (config, 12)),
+              what="2x40x264x3000")
     # K = 1001: rows of K are not 16-byte multiples. 300 x 520 is large enough to be packed
     # (then TMA-addressable); 129 x 67 is not (the sm80 fallback runs on the operands as stored)
     for m, n in [(300, 520), (129, 67)]:

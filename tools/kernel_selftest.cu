@@ -225,7 +225,8 @@ static bool within_bound(double e, int ot) { return e <= (ot == 2 ? 1e-5 : ot ==
 static int sanitize_cases() {
   std::mt19937 rng(4321);
   int failures = 0, cases = 0;
-  const int64_t shapes[2][4] = {{2, 131, 67, 389}, {2, 136, 264, 392}};  // unaligned, aligned
+  // unaligned, aligned (K: 10 k tiles of 64, more than any row's stages: every stage reused)
+  const int64_t shapes[2][4] = {{2, 131, 67, 389}, {2, 136, 264, 584}};
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
     if (!selected(cfg)) continue;
     for (int it = 0; it < 2; ++it)
