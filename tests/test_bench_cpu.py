@@ -197,3 +197,21 @@ def test_harness_trace_tool_runs(monkeypatch, capsys):
         wall = float(ln.split("wall ")[1].split()[0])
         assert wall > 0
         assert "GPU events" in ln or (ON_GPU and "GPU span" in ln)  # no CUPTI: no GPU events
+
+
+def test_pack_ab_tool_runs(monkeypatch, capsys):
+    """tools/pack_ab.py (pitch packing on / off / jnp.dot in one harness run) on a tiny product:
+    one line with three positive timings; a product this small never packs."""
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        "pack_ab", pathlib.Path(__file__).parents[1] / "tools" / "pack_ab.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.setattr(tool, "R", 2)
+    limit = tool.configs.PITCH_PACK_MIN_FLOP
+    assert tool.main(["16x24x520", "--reps", "1"]) == 0
+    assert tool.configs.PITCH_PACK_MIN_FLOP == limit  # restored
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("16x24x520")]
+    assert "packs=False" in line and "R=2" in line
+    for side in ("pack", "nopack", "jnp"):
+        assert float(line.split(f" {side} ")[1].split()[0]) > 0, line
