@@ -235,8 +235,9 @@ PACK_MIN_FLOP = 2**27
 # Rows of 512 elements or more that are 16-byte but not 32-byte multiples (e.g. 1000, 3000) stream
 # 1.2-2.7x slower per flop than aligned twins (H100, graph replay, benchmarks/NOTES.md "Row
 # pitch"): 3000^3 on sm90 128x256 152.6 us vs 101.9 on 3072^3, mostly from B's pitch (C's costs
-# nothing); copying 3000^3's operands costs ~13 us against ~50 us of penalty. From 2^30 FLOP
-# (1000^3 is 2^30.9) the copy is worth it.
+# nothing). Copying both of 3000^3's operands takes 25.9 us, and the product in the bench
+# harness falls from 171-176 to 137-139 us; 1000x1000x4000 45 -> 37 us, 1000^3 23.0 -> 21.9
+# (H100, tools/pack_ab.py, NOTES v18). From 2^30 FLOP (1000^3 is 2^30.9) the copy is worth it.
 PITCH_PACK_MIN_FLOP = 2**30
 
 
