@@ -12,7 +12,6 @@ inside the FFI handler (XLA command buffers record the handler's launches).
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import statistics
@@ -101,12 +100,9 @@ def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 
     flops = 2 * m * n * k * batch
     r = min(bench.MAX_R, max(1, round(0.25e12 / max(flops, 1))))
     with jax.ensure_compile_time_eval():
-        keys = jax.random.split(jax.random.key(1), r + 1)
-        rand = bench._rand_fn()
-        a_shape = (batch, k, m) if ta else (batch, m, k)
-        b_shape = (batch, n, k) if tb else (batch, k, n)
-        a_list = tuple(rand(keys[i], a_shape, np.dtype(dtype), 1.0) for i in range(r))
-        b = rand(keys[r], b_shape, np.dtype(dtype), 1.0 / math.sqrt(max(k, 1)))
+        a_list, b = bench.harness_operands(
+            r, (batch, k, m) if ta else (batch, m, k), (batch, n, k) if tb else (batch, k, n),
+            np.dtype(dtype), k, seed=1)
         fns = {}
         for name, s in (cands or candidates(m, n, k, batch, configs.device_arch())):
             op = (lambda x, y, name=name, s=s:

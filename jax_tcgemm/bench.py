@@ -160,6 +160,16 @@ def _rand_fn():
     return jax.jit(rand, static_argnums=(1, 2, 3))
 
 
+def harness_operands(r: int, a_shape, b_shape, dtype, k: int, seed: int = 0):
+    """The harness's inputs: R distinct A matrices of a_shape ~ N(0, 1) and one shared B of
+    b_shape ~ N(0, 1)/sqrt(K), in `dtype`, from jax.random key `seed`."""
+    import jax
+    keys = jax.random.split(jax.random.key(seed), r + 1)
+    rand = _rand_fn()
+    a_list = tuple(rand(keys[i], tuple(a_shape), dtype, 1.0) for i in range(r))
+    return a_list, rand(keys[r], tuple(b_shape), dtype, 1.0 / math.sqrt(max(k, 1)))
+
+
 def _harness(op, barrier: bool):
     """jit(f(a_list, b) -> tuple(op(a, b) for a in a_list)). With `barrier`, each product's
     operands pass through their own optimization_barrier, so XLA cannot merge the R dots
@@ -224,10 +234,8 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
         return row
     r = choose_reps(case.flops, a_bytes + c_bytes, b_bytes, mem_limit)
     lead = (case.batch,) if case.vmap else ()
-    keys = jax.random.split(jax.random.key(0), r + 1)
-    rand, dt = _rand_fn(), jnp.dtype(case.dtype)
-    a_list = tuple(rand(keys[i], lead + (case.m, case.k), dt, 1.0) for i in range(r))
-    b = rand(keys[r], lead + (case.k, case.n), dt, 1.0 / math.sqrt(case.k))
+    a_list, b = harness_operands(r, lead + (case.m, case.k), lead + (case.k, case.n),
+                                 jnp.dtype(case.dtype), case.k)
     op_tg = jax.vmap(tg.matmul) if case.vmap else tg.matmul
     op_jnp = jax.vmap(jnp.matmul) if case.vmap else jnp.dot
     row["tg_path"] = "tcgemm" if "tcgemm" in str(jax.make_jaxpr(op_tg)(a_list[0], b)) else "fallback"

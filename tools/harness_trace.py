@@ -14,7 +14,6 @@ import argparse
 import glob
 import gzip
 import json
-import math
 import shutil
 import statistics
 import tempfile
@@ -55,10 +54,7 @@ def gpu_timeline(f, args) -> str:
 
 def run(label, dims, op):
     b, m, n, k = dims
-    keys = jax.random.split(jax.random.key(0), R + 1)
-    rand = bench._rand_fn()
-    a_list = tuple(rand(keys[i], (b, m, k), jnp.float16, 1.0) for i in range(R))
-    w = rand(keys[R], (b, k, n), jnp.float16, 1.0 / math.sqrt(k))
+    a_list, w = bench.harness_operands(R, (b, m, k), (b, k, n), jnp.float16, k)
     f = bench._harness(op, True)
     wall = bench.time_fn(f, (a_list, w), reps=9, warmup=3)
     print(f"{label:>6} {b}x{m}x{n}x{k}: wall {wall * 1e6 / R:.2f} us/product"

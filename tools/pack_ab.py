@@ -38,10 +38,7 @@ def compiled_under(limit: int, a, b):
 def run(spec: str, dtype, reps: int) -> str:
     m, n, k = (int(x) for x in spec.lower().split("x"))
     r = R or bench.choose_reps(2 * m * n * k)
-    keys = jax.random.split(jax.random.key(0), r + 1)
-    rand = bench._rand_fn()
-    a = tuple(rand(keys[i], (m, k), dtype, 1.0) for i in range(r))
-    b = rand(keys[r], (k, n), dtype, k ** -0.5)
+    a, b = bench.harness_operands(r, (m, k), (k, n), dtype, k)
     fns = {}
     fns["pack"], packs = compiled_under(configs.PITCH_PACK_MIN_FLOP, a, b)
     fns["nopack"], _ = compiled_under(2**62, a, b)
