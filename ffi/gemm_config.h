@@ -99,6 +99,10 @@ struct ConfigTraits {
   static constexpr int kSmemBytes = kPipeBytes > kEpiBytes
                                         ? (kPipeBytes > kClusterBytes ? kPipeBytes : kClusterBytes)
                                         : (kEpiBytes > kClusterBytes ? kEpiBytes : kClusterBytes);
+  // Small tiles (up to 32 KB of float32) reduce a two-slice cluster split by push
+  // (gemm_sm80.cuh, cluster_push_reduce): the second slice stores its tile into a receive slot
+  // of the leader's shared memory, past kSmemBytes; the launch adds kClusterBytes for it.
+  static constexpr bool kPushReduce = kClusterBytes <= 32 * 1024;
 
   static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
@@ -111,6 +115,8 @@ struct ConfigTraits {
   static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,
                 "every thread copies the same number of 16-byte chunks per stage");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
+  static_assert(!kPushReduce || (kSmemBytes % 16 == 0 && kSmemBytes + kClusterBytes <= 227 * 1024),
+                "the push receive slot must fit after the block's shared memory");
 };
 
 }  // namespace tcgemm

@@ -182,7 +182,13 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
   const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(config, variant)
                                                    : KernelBF16(config, variant);
-  if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes,
+  // Two slices of a push-reducing config: the other slice stores its tile into the leader's
+  // receive slot (8.3 vs 8.6 us for 16 x 4096^2; with 3 to 8 slices the leader alone adding
+  // them all is slower than every slice summing a share, 9.9 / 11.3 / 19.1 vs 9.7 / 10.8 /
+  // 14.5 us: benchmarks/NOTES.md v20).
+  if (p.cluster_reduce && split == 2 && k.push_slot_bytes) p.cluster_reduce = 2;
+  const int push_bytes = p.cluster_reduce == 2 ? k.push_slot_bytes : 0;
+  if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes + k.push_slot_bytes,
                                        g_smem_configured[int(pr.in_type)][config][variant], device);
       !err.empty())
     return err;
@@ -193,7 +199,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   cudaLaunchConfig_t launch{};
   launch.gridDim = grid;
   launch.blockDim = dim3(k.threads);
-  launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
+  launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes + push_bytes);
   launch.stream = stream;
   cudaLaunchAttribute cluster[1];
   if (p.cluster_reduce) {

@@ -14,6 +14,8 @@ struct KernelEntry {
   const void* fn;  // __global__ gemm_sm80_kernel<...>
   int threads;
   int smem_bytes;
+  int push_slot_bytes;  // ConfigTraits::kPushReduce: the leader's receive slot, which a
+                        // two-slice cluster split adds to smem_bytes; else 0
 };
 
 // Kernel variants per config: index (a_kmajor * 2 + b_kmajor) * 2 + aligned.

@@ -12,7 +12,8 @@ namespace tcgemm {
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
 KernelEntry MakeEntry() {
   return {reinterpret_cast<const void*>(&gemm_sm80_kernel<T, CFG, A_KMAJOR, B_KMAJOR, ALIGNED>),
-          ConfigTraits<CFG>::kThreads, ConfigTraits<CFG>::kSmemBytes};
+          ConfigTraits<CFG>::kThreads, ConfigTraits<CFG>::kSmemBytes,
+          ConfigTraits<CFG>::kPushReduce ? ConfigTraits<CFG>::kClusterBytes : 0};
 }
 
 template <typename T, int CFG>

@@ -27,8 +27,11 @@ struct GemmParams {
   int tiles_m, tiles_n;        // set by the dispatcher for the chosen config
   int split_k;                 // K slices (1: no split)
   int k_tiles_per_split;       // BK-wide k tiles per slice (set by the dispatcher)
-  int cluster_reduce;          // 1: the split_k slices of a tile are one cluster and reduce
-                               // through distributed shared memory into C (sm_90+, no workspace)
+  int cluster_reduce;          // the split_k slices of a tile are one cluster and reduce
+                               // through distributed shared memory into C (sm_90+, no
+                               // workspace): 1 each slice sums a share of the tile's rows
+                               // (pull), 2 the other slice pushes its tile to the leader (two
+                               // slices of a ConfigTraits::kPushReduce config); 0: no cluster
   int64_t lda, ldb;            // leading dimensions (elements between rows as stored; set by
                                // the dispatcher: the contiguous extent, or that of a packed copy)
 };

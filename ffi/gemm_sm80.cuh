@@ -25,6 +25,7 @@
 #include "gemm_config.h"
 #include "gemm_convert.cuh"
 #include "gemm_params.h"
+#include "ptx/cluster.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
@@ -221,8 +222,23 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
   }
 }
 
+// Calls f(mi, ni, h, i) for each pair of accumulators (acc[mi][ni][2h], acc[mi][ni][2h + 1])
+// a thread holds: i is the pair's float index in the block's [BM][kClusterLd] float32 tile.
+template <int CFG, typename F>
+__device__ __forceinline__ void for_each_acc_pair(int wm0, int wn0, int lane, F&& f) {
+  using Tr = ConfigTraits<CFG>;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < Tr::kNI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        f(mi, ni, h, (wm0 + mi * 16 + g + 8 * h) * Tr::kClusterLd + wn0 + ni * 8 + 2 * q);
+}
+
 // Split-K inside a thread block cluster (sm_90+; the dispatcher launches the split_k slices of
-// an output tile as one cluster along grid y and sets p.cluster_reduce): every CTA parks its
+// an output tile as one cluster along grid y and sets p.cluster_reduce = 1): every CTA parks its
 // float32 accumulators in its own shared memory ([BM][BN + 4] floats), and after a cluster
 // barrier CTA r sums rows r, r + S, r + 2S, ... of the tile over the S CTAs' shared memory
 // (distributed shared memory), always in rank order (bitwise deterministic, the same order as
@@ -236,15 +252,9 @@ __device__ __forceinline__ void cluster_reduce_store(
   using Tr = ConfigTraits<CFG>;
   constexpr int kLd = Tr::kClusterLd;
   float* tile = reinterpret_cast<float*>(smem);
-  const int lane = tid & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < Tr::kNI; ++ni)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(tile + (wm0 + mi * 16 + g + 8 * h) * kLd + wn0 + ni * 8 + 2 * q) =
-            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  for_each_acc_pair<CFG>(wm0, wn0, tid & 31, [&](int mi, int ni, int h, int i) {
+    *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  });
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -267,6 +277,50 @@ __device__ __forceinline__ void cluster_reduce_store(
   }
   cluster.sync();
 #endif
+}
+
+// Split-K in a cluster of two by push (ConfigTraits::kPushReduce: small tiles; the dispatcher
+// sets p.cluster_reduce = 2), where only the leader waits. Slice 1 stores its float32
+// accumulators straight into the receive slot of the leader's (rank 0's) shared memory, which
+// lies past the block's own kSmemBytes and is never touched by the leader's pipeline, arrives
+// on the cluster barrier (release) and is done; the leader arrives, waits (acquire), adds the
+// slot to its own accumulators (0 + own + slot: bitwise the sums of cluster_reduce_store and
+// of the workspace reduction) and stores C through the usual staged epilogue. The kernel's
+// first cluster barrier phase (arrived at its start) must have completed: both blocks run.
+// With another batch item to come (`more`), a second phase keeps the slot until the leader
+// has read it. Returns whether this block stores C.
+template <int CFG>
+__device__ __forceinline__ bool cluster_push_reduce(
+    float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, bool more,
+    int wm0, int wn0, int tid) {
+  using Tr = ConfigTraits<CFG>;
+  const float* slot = reinterpret_cast<const float*>(smem + Tr::kSmemBytes);
+  const int lane = tid & 31;
+  if (ptx::cluster_rank() != 0) {
+    const uint32_t leader_slot = ptx::map_to_rank(ptx::cvta_to_shared(slot), 0);
+    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+      ptx::st_cluster_v2_f32(leader_slot + 4 * i, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    });
+    ptx::cluster_arrive();
+    if (more) {  // this phase, then the one in which the leader has read the slot
+      ptx::cluster_wait();
+      ptx::cluster_arrive();
+      ptx::cluster_wait();
+    }
+    return false;
+  }
+  ptx::cluster_arrive();
+  ptx::cluster_wait();
+  for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+    const float2 v = *reinterpret_cast<const float2*>(slot + i);
+    acc[mi][ni][2 * h] = 0.0f + acc[mi][ni][2 * h] + v.x;
+    acc[mi][ni][2 * h + 1] = 0.0f + acc[mi][ni][2 * h + 1] + v.y;
+  });
+  if (more) {
+    ptx::cluster_arrive();
+    ptx::cluster_wait();
+  }
+  return true;
 }
 
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
@@ -305,6 +359,9 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
                            Tr::kThreads, ALIGNED, !B_KMAJOR>;
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
+  const bool push = Tr::kPushReduce && p.cluster_reduce == 2;
+  if (push) ptx::cluster_arrive_relaxed();  // waited for before the first push (the main loop
+                                            // hides it): every block of the cluster has started
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
 
@@ -371,7 +428,12 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
 
-    if (p.cluster_reduce) {
+    if (push) {
+      if (z == blockIdx.z) ptx::cluster_wait();
+      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, wm0, wn0, tid))
+        store_tile<CFG>(p, z * p.m * p.n, acc, smem + warp * 16 * Tr::kEpiRowBytes, m0 + wm0,
+                        n0 + wn0, lane);
+    } else if (p.cluster_reduce) {
       cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, wm0, wn0, tid);
     } else {
       char* stage = smem + warp * 16 * Tr::kEpiRowBytes;

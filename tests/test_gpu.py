@@ -155,6 +155,18 @@ def test_split_k(m, n, k, ba, bb, dtype):
               (dtype, F32), configs_=plans, what=f"{ba}x{m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_cluster_split_past_grid_z(split):
+    """Cluster split-K over more batch items than grid z holds (65535): the blocks of z = 0, 1
+    walk a second item, so the 16-row tile's push reduction reuses its receive slots and
+    mbarrier (second phase) and every BK = 64 sm80 config's cluster reduction runs twice."""
+    m, n, k, bt = 3, 72, 520, 65537  # 9 k tiles of 64: 2, 3 and 5 slices
+    a, b, ref = make("zloop", m, n, k, BF16, bt, 1)
+    names = [c.name for c in configs.CONFIGS if c.kind == "sm80" and c.bk == 64]
+    check_all(a, b, ref, [(False, False), (True, True)], (F32,),
+              configs_=[(c, split) for c in names], what=f"{bt}x{m}x{n}x{k}")
+
+
 def test_planner_splits_skinny_products():
     """The cost model splits K when M is small and K long (for this GPU's compute capability,
     as tcgemm plans), and the result is right."""

@@ -3,9 +3,10 @@
 // square products. Build and run (on the GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iffi -c \
 //        ffi/gemm_kernels_sm90.cu -o /tmp/sm90.o
-//   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi -x cu tools/kernel_selftest.cu ffi/gemm_dispatch.cc \
-//        ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu ffi/gemm_reduce.cu ffi/gemm_pack.cu \
-//        /tmp/sm90.o -o /tmp/selftest
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi --threads 0 /tmp/sm90.o tools/kernel_selftest.cu \
+//        ffi/gemm_dispatch.cc ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu \
+//        ffi/gemm_reduce.cu ffi/gemm_pack.cu -o /tmp/selftest
+//   (no -x cu: it would apply to sm90.o as well; tools/sanitize.sh builds the same objects)
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
 //   /tmp/selftest --time B M N K [SPLIT...]  # per-launch time under graph replay (env:
