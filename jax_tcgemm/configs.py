@@ -328,10 +328,10 @@ def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
 # with the least mma work, but only pay off where every block has an SM's bandwidth to itself.
 # They compete up to SKINNY_MAX_M rows, when all blocks fit one wave, and split K only while
 # every slice has its own SM. H100, graph replay, 16x64x64_s6 (benchmarks/NOTES.md v16): 16 x
-# 4096^2 split 2 (128 blocks) 8.6 us, the best m64 plan 12.1; 32 x 4096^2 split 1 11.8, split 2
-# (256 blocks) 14.3, the best m64 plan 12.5; 16 x 28672 x 8192 (448 blocks, two waves) 3-6%
-# slower than the sm90 64x128 row in the harness; 16 x 8192 x 28672 split 2 (256 blocks) 3%
-# slower than split 1.
+# 4096^2 split 2 (128 blocks) 8.6 us (8.3 with v20's push reduction), the best m64 plan 12.1;
+# 32 x 4096^2 split 1 11.8, split 2 (256 blocks) 14.3, the best m64 plan 12.5; 16 x 28672 x
+# 8192 (448 blocks, two waves) 3-6% slower than the sm90 64x128 row in the harness; 16 x 8192
+# x 28672 split 2 (256 blocks) 3% slower than split 1.
 SKINNY_MAX_M = 32
 
 
