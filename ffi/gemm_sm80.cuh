@@ -292,10 +292,9 @@ __device__ __forceinline__ void cluster_reduce_store(
 template <int CFG>
 __device__ __forceinline__ bool cluster_push_reduce(
     float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, bool more,
-    int wm0, int wn0, int tid) {
+    int wm0, int wn0, int lane) {
   using Tr = ConfigTraits<CFG>;
   const float* slot = reinterpret_cast<const float*>(smem + Tr::kSmemBytes);
-  const int lane = tid & 31;
   if (ptx::cluster_rank() != 0) {
     const uint32_t leader_slot = ptx::map_to_rank(ptx::cvta_to_shared(slot), 0);
     for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
@@ -430,7 +429,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
 
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
-      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, wm0, wn0, tid))
+      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, wm0, wn0, lane))
         store_tile<CFG>(p, z * p.m * p.n, acc, smem + warp * 16 * Tr::kEpiRowBytes, m0 + wm0,
                         n0 + wn0, lane);
     } else if (p.cluster_reduce) {

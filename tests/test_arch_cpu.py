@@ -82,8 +82,8 @@ def test_plan_picks_sm90_on_hopper(m, n, k):
 def test_skinny_plans_on_hopper():
     """Against 4096 x 4096 weights on 9.0 (H100, CUDA-graph replay of every candidate): M = 16
     takes the 16-row tile in a 2-block cluster split (8.6 us, 8.3 since v20's push reduction;
-    64x64x64 split 2 12.1, the best sm90 plan 12.2), M = 32 the 16-row tile in one slice (11.8 us; two slices 14.3, 64x64x64
-    split 2 12.5), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
+    64x64x64 split 2 12.1, the best sm90 plan 12.2), M = 32 the 16-row tile in one slice
+    (11.8 us; two slices 14.3, 64x64x64 split 2 12.5), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
     64x64x64 split 2 31.8). 16 x 28672 x 8192 needs two waves of 16-row tiles: sm90 instead."""
     assert configs.plan(16, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 2)
     assert configs.plan(32, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 1)

@@ -158,8 +158,9 @@ def test_split_k(m, n, k, ba, bb, dtype):
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_cluster_split_past_grid_z(split):
     """Cluster split-K over more batch items than grid z holds (65535): the blocks of z = 0, 1
-    walk a second item, so the 16-row tile's push reduction reuses its receive slots and
-    mbarrier (second phase) and every BK = 64 sm80 config's cluster reduction runs twice."""
+    walk a second item, so the 16-row tile's two-slice push reduction reuses its receive slot
+    (behind a second cluster barrier phase) and every BK = 64 sm80 config's cluster reduction
+    runs twice."""
     m, n, k, bt = 3, 72, 520, 65537  # 9 k tiles of 64: 2, 3 and 5 slices
     a, b, ref = make("zloop", m, n, k, BF16, bt, 1)
     names = [c.name for c in configs.CONFIGS if c.kind == "sm80" and c.bk == 64]
