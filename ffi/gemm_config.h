@@ -1,5 +1,6 @@
 // Typed view of gemm_config.inc plus the derived quantities every layer uses.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -18,10 +19,12 @@ struct GemmConfig {
   int warps_m, warps_n;  // sm80: warp layout; sm90: 0, 0
   Kind kind = Kind::kSm80;
   int consumers = 0;   // sm90: consumer warpgroups, each owning bm / consumers rows
+  int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1
 };
 
 inline constexpr GemmConfig kConfigs[] = {
-#define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN) GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm80, 0},
+#define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN, WK) \
+  GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm80, 0, WK},
 #define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
 #include "gemm_config.inc"
 #undef TCGEMM_SM90_CONFIG
@@ -33,7 +36,8 @@ inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
   if (c.kind == Kind::kSm90) return "sm90_" + tile + "_g" + std::to_string(c.consumers);
-  return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n);
+  return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n) +
+         (c.warps_k > 1 ? "x" + std::to_string(c.warps_k) : "");
 }
 
 // The sm80 config that runs in place of sm90 config `cfg` where that cannot (another GPU,
@@ -78,27 +82,30 @@ template <int CFG>
 struct ConfigTraits {
   static constexpr GemmConfig c = kConfigs[CFG];
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
-  static constexpr int kWarpsM = c.warps_m, kWarpsN = c.warps_n;
-  static constexpr int kWarps = kWarpsM * kWarpsN;
+  static constexpr int kWarpsM = c.warps_m, kWarpsN = c.warps_n, kWarpsK = c.warps_k;
+  static constexpr int kWarpsMN = kWarpsM * kWarpsN;  // warps of one k group: the output tile
+  static constexpr int kWarps = kWarpsMN * kWarpsK;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kWM = kBM / kWarpsM;  // warp tile rows
   static constexpr int kWN = kBN / kWarpsN;  // warp tile cols
   static constexpr int kMI = kWM / 16;       // m16 mma tiles per warp
   static constexpr int kNI = kWN / 8;        // n8 mma tiles per warp
   static constexpr int kKSteps = kBK / 16;   // k16 mma steps per stage
+  static constexpr int kKStepsW = kKSteps / kWarpsK;  // of them, per warp (its k group's)
   static constexpr int kElem = 2;            // bytes per input element (f16/bf16)
   static constexpr int kStageBytes = (kBM * kBK + kBK * kBN) * kElem;
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  // Epilogue: each warp stages 16 rows of its tile as float32 (the widest output) + 16 B pad.
+  // Epilogue: each warp of k group 0 stages 16 rows of its tile as float32 (the widest
+  // output) + 16 B pad.
   static constexpr int kEpiRowBytes = kWN * 4 + 16;
-  static constexpr int kEpiBytes = kWarps * 16 * kEpiRowBytes;
+  static constexpr int kEpiBytes = kWarpsMN * 16 * kEpiRowBytes;
   // Split-K reduced inside a cluster parks the whole float32 tile in shared memory, its rows
   // padded by 4 floats (conflict-free float2 stores).
   static constexpr int kClusterLd = kBN + 4;
   static constexpr int kClusterBytes = kBM * kClusterLd * 4;
-  static constexpr int kSmemBytes = kPipeBytes > kEpiBytes
-                                        ? (kPipeBytes > kClusterBytes ? kPipeBytes : kClusterBytes)
-                                        : (kEpiBytes > kClusterBytes ? kEpiBytes : kClusterBytes);
+  // Sliced K: k groups 1.. park their float32 tiles in the same layout for group 0 to add.
+  static constexpr int kSliceBytes = (kWarpsK - 1) * kClusterBytes;
+  static constexpr int kSmemBytes = std::max({kPipeBytes, kEpiBytes, kClusterBytes, kSliceBytes});
   // Small tiles (up to 32 KB of float32) reduce a two-slice cluster split by push
   // (gemm_sm80.cuh, cluster_push_reduce): the second slice stores its tile into a receive slot
   // of the leader's shared memory, past kSmemBytes; the launch adds kClusterBytes for it.
@@ -107,6 +114,10 @@ struct ConfigTraits {
   static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
   static_assert(kBK % 32 == 0, "BK must be a multiple of 32 (4 swizzled 16-byte chunks per row)");
+  // A k group's first step must start a group of eight 16-byte chunks of a K-major row (the
+  // swizzle permutes within such groups; gemm_sm80.cuh, kgroup_offset).
+  static_assert(kWarpsK == 1 || (kKSteps % kWarpsK == 0 && kKStepsW % 4 == 0),
+                "sliced K needs 64 or more of every stage's K per k group");
   // M/N-contiguous tiles: rows of k*128 bytes, or (A only, for skinny M) of 32 or 64 bytes
   static_assert((kBM % 64 == 0 || kBM == 16 || kBM == 32) && kBN % 64 == 0,
                 "M/N-contiguous tiles need 128-byte rows (BM may also be 16 or 32)");

@@ -4,7 +4,9 @@
 //   kernel       : batch loop (grid z), K slice of split-K (grid y), threadblock rasterization
 //                  (grid x)
 //   threadblock  : cp.async multi-stage global->shared pipeline over K (TileLoader)
-//   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments)
+//   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments); with
+//                  sliced K (kWarpsK > 1) each k group of warps takes its share of every stage's
+//                  k16 steps, and the groups sum in shared memory after the loop (sum_k_groups)
 //   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
 //   epilogue     : per-warp float32 staging in shared memory, coalesced row stores (store_tile)
 //
@@ -126,6 +128,16 @@ struct WarpFragments {
   uint32_t a[Tr::kMI][4];
   uint32_t b[Tr::kNI][2];
 
+  // Byte offsets, within an A and a B tile, of k16 step kk0 as seen by load(): load(a_tile +
+  // a, b_tile + b, kk, ...) reads step kk0 + kk. K-major rows: the swizzle permutes a row's
+  // 16-byte chunks only within groups of eight, so a step that starts such a group (kk0 % 4 ==
+  // 0, checked by ConfigTraits) moves whole rows' chunks by 2 * kk0; MN-major tiles: the
+  // swizzle depends on row bits below 16 only, so the step moves by 16 * kk0 whole rows.
+  static __device__ __forceinline__ uint2 kgroup_offset(int kk0) {
+    constexpr uint32_t kARow = Tr::kBM * 2, kBRow = Tr::kBN * 2;  // MN-major row bytes
+    return make_uint2(A_KMAJOR ? kk0 * 32 : kk0 * 16 * kARow, B_KMAJOR ? kk0 * 32 : kk0 * 16 * kBRow);
+  }
+
   // a_tile/b_tile: shared addresses of this stage's A and B tiles; wm0/wn0: warp tile origin.
   __device__ __forceinline__ void load(uint32_t a_tile, uint32_t b_tile, int kk, int wm0, int wn0,
                                        int lane) {
@@ -237,24 +249,53 @@ __device__ __forceinline__ void for_each_acc_pair(int wm0, int wn0, int lane, F&
         f(mi, ni, h, (wm0 + mi * 16 + g + 8 * h) * Tr::kClusterLd + wn0 + ni * 8 + 2 * q);
 }
 
+// Sliced K (kWarpsK > 1), after the main loop: k groups 1.. park their accumulators as float32
+// tiles ([BM][kClusterLd] each) at the start of shared memory, and group 0 adds them in group
+// order (deterministic); from then on only group 0's warps hold the block's sums. Shared
+// memory is free again on return.
+template <int CFG>
+__device__ __forceinline__ void sum_k_groups(
+    float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, int wk, int wm0,
+    int wn0, int lane) {
+  using Tr = ConfigTraits<CFG>;
+  float* park = reinterpret_cast<float*>(smem);
+  if (wk > 0)
+    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+      *reinterpret_cast<float2*>(park + (wk - 1) * Tr::kBM * Tr::kClusterLd + i) =
+          make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    });
+  __syncthreads();
+  if (wk == 0)
+#pragma unroll
+    for (int g = 1; g < Tr::kWarpsK; ++g)
+      for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+        const float2 v = *reinterpret_cast<const float2*>(park + (g - 1) * Tr::kBM * Tr::kClusterLd + i);
+        acc[mi][ni][2 * h] += v.x;
+        acc[mi][ni][2 * h + 1] += v.y;
+      });
+  __syncthreads();
+}
+
 // Split-K inside a thread block cluster (sm_90+; the dispatcher launches the split_k slices of
 // an output tile as one cluster along grid y and sets p.cluster_reduce = 1): every CTA parks its
 // float32 accumulators in its own shared memory ([BM][BN + 4] floats), and after a cluster
 // barrier CTA r sums rows r, r + S, r + 2S, ... of the tile over the S CTAs' shared memory
 // (distributed shared memory), always in rank order (bitwise deterministic, the same order as
 // the workspace reduction), and writes them to C. A second barrier keeps every CTA's shared
-// memory alive until the others have read it. No workspace, no second launch.
+// memory alive until the others have read it. No workspace, no second launch. `holds`: this
+// thread's warp holds the block's sums (sliced K: k group 0); every thread takes part.
 template <int CFG>
 __device__ __forceinline__ void cluster_reduce_store(
     const GemmParams& p, int64_t c_off, float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
-    char* smem, int64_t m0, int64_t n0, int wm0, int wn0, int tid) {
+    char* smem, int64_t m0, int64_t n0, bool holds, int wm0, int wn0, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Tr = ConfigTraits<CFG>;
   constexpr int kLd = Tr::kClusterLd;
   float* tile = reinterpret_cast<float*>(smem);
-  for_each_acc_pair<CFG>(wm0, wn0, tid & 31, [&](int mi, int ni, int h, int i) {
-    *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-  });
+  if (holds)
+    for_each_acc_pair<CFG>(wm0, wn0, tid & 31, [&](int mi, int ni, int h, int i) {
+      *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    });
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -288,18 +329,20 @@ __device__ __forceinline__ void cluster_reduce_store(
 // of the workspace reduction) and stores C through the usual staged epilogue. The kernel's
 // first cluster barrier phase (arrived at its start) must have completed: both blocks run.
 // With another batch item to come (`more`), a second phase keeps the slot until the leader
-// has read it. Returns whether this block stores C.
+// has read it. Every thread takes part; those whose warp `holds` the block's sums (sliced K:
+// k group 0) move them. Returns whether this block stores C.
 template <int CFG>
 __device__ __forceinline__ bool cluster_push_reduce(
     float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, bool more,
-    int wm0, int wn0, int lane) {
+    bool holds, int wm0, int wn0, int lane) {
   using Tr = ConfigTraits<CFG>;
   const float* slot = reinterpret_cast<const float*>(smem + Tr::kSmemBytes);
   if (ptx::cluster_rank() != 0) {
     const uint32_t leader_slot = ptx::map_to_rank(ptx::cvta_to_shared(slot), 0);
-    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-      ptx::st_cluster_v2_f32(leader_slot + 4 * i, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    });
+    if (holds)
+      for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+        ptx::st_cluster_v2_f32(leader_slot + 4 * i, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+      });
     ptx::cluster_arrive();
     if (more) {  // this phase, then the one in which the leader has read the slot
       ptx::cluster_wait();
@@ -310,11 +353,12 @@ __device__ __forceinline__ bool cluster_push_reduce(
   }
   ptx::cluster_arrive();
   ptx::cluster_wait();
-  for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-    const float2 v = *reinterpret_cast<const float2*>(slot + i);
-    acc[mi][ni][2 * h] = 0.0f + acc[mi][ni][2 * h] + v.x;
-    acc[mi][ni][2 * h + 1] = 0.0f + acc[mi][ni][2 * h + 1] + v.y;
-  });
+  if (holds)
+    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+      const float2 v = *reinterpret_cast<const float2*>(slot + i);
+      acc[mi][ni][2 * h] = 0.0f + acc[mi][ni][2 * h] + v.x;
+      acc[mi][ni][2 * h + 1] = 0.0f + acc[mi][ni][2 * h + 1] + v.y;
+    });
   if (more) {
     ptx::cluster_arrive();
     ptx::cluster_wait();
@@ -327,8 +371,10 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
   using Tr = ConfigTraits<CFG>;
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm0 = (warp % Tr::kWarpsM) * Tr::kWM;
-  const int wn0 = (warp / Tr::kWarpsM) * Tr::kWN;
+  const int wk = Tr::kWarpsK > 1 ? warp / Tr::kWarpsMN : 0;  // k group (sliced K)
+  const int wmn = Tr::kWarpsK > 1 ? warp % Tr::kWarpsMN : warp;  // warp within its k group
+  const int wm0 = (wmn % Tr::kWarpsM) * Tr::kWM;
+  const int wn0 = (wmn / Tr::kWarpsM) * Tr::kWN;
 
   // Threadblock rasterization: column-major within groups of kGroupM tile rows, so that
   // consecutive blocks share A row-panels and B column-panels in L2.
@@ -396,20 +442,23 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     // Main loop. Stage kt%S is consumed while tile kt+S-1 streams into stage (kt-1)%S, whose
     // last reader finished before the barrier at the end of iteration kt-1. Fragments are
     // double-buffered: step kk+1 (after the last step's barrier: the next stage's first step)
-    // is read from shared memory while step kk's mma run.
-    WarpFragments<CFG, A_KMAJOR, B_KMAJOR> frag[2];
-    frag[0].load(a_tile(0), b_tile(0), 0, wm0, wn0, lane);
+    // is read from shared memory while step kk's mma run. A warp runs its k group's kKStepsW
+    // steps of every stage (all of them without sliced K), from tile offsets `ko`.
+    using Frag = WarpFragments<CFG, A_KMAJOR, B_KMAJOR>;
+    const uint2 ko = Frag::kgroup_offset(wk * Tr::kKStepsW);
+    Frag frag[2];
+    frag[0].load(a_tile(0) + ko.x, b_tile(0) + ko.y, 0, wm0, wn0, lane);
     for (int kt = 0; kt < ktiles; ++kt) {
       const int s = kt % Tr::kStages;
 #pragma unroll
-      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
-        if (kk == Tr::kKSteps - 1) {
+      for (int kk = 0; kk < Tr::kKStepsW; ++kk) {
+        if (kk == Tr::kKStepsW - 1) {
           ptx::cp_async_wait_group<Tr::kStages - 2>();  // tile kt+1 has landed
           __syncthreads();
         }
-        const int s_next = kk == Tr::kKSteps - 1 ? (kt + 1) % Tr::kStages : s;
-        frag[(kk + 1) & 1].load(a_tile(s_next), b_tile(s_next), (kk + 1) % Tr::kKSteps, wm0, wn0,
-                                lane);
+        const int s_next = kk == Tr::kKStepsW - 1 ? (kt + 1) % Tr::kStages : s;
+        frag[(kk + 1) & 1].load(a_tile(s_next) + ko.x, b_tile(s_next) + ko.y,
+                                (kk + 1) % Tr::kKStepsW, wm0, wn0, lane);
         if (kk == 0) {  // unconditional: past the slice's last k tile the loaders zero-fill
           load_stage((kt + Tr::kStages - 1) % Tr::kStages);
           ptx::cp_async_commit_group();
@@ -426,16 +475,19 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     }
     ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
+    if constexpr (Tr::kWarpsK > 1) sum_k_groups<CFG>(acc, smem, wk, wm0, wn0, lane);
+    const bool holds = wk == 0;  // this warp holds the block's sums
 
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
-      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, wm0, wn0, lane))
-        store_tile<CFG>(p, z * p.m * p.n, acc, smem + warp * 16 * Tr::kEpiRowBytes, m0 + wm0,
+      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane) &&
+          holds)
+        store_tile<CFG>(p, z * p.m * p.n, acc, smem + wmn * 16 * Tr::kEpiRowBytes, m0 + wm0,
                         n0 + wn0, lane);
     } else if (p.cluster_reduce) {
-      cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, wm0, wn0, tid);
-    } else {
-      char* stage = smem + warp * 16 * Tr::kEpiRowBytes;
+      cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, holds, wm0, wn0, tid);
+    } else if (holds) {
+      char* stage = smem + wmn * 16 * Tr::kEpiRowBytes;  // this warp's staging rows
       store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
                       n0 + wn0, lane);
     }

@@ -81,7 +81,7 @@ def candidates(m: int, n: int, k: int, batch: int = 1, arch=None) -> list[tuple[
     configs.competes allows (skinny rows: small M only)."""
     out = []
     for c in configs.configs_for(arch):
-        allowed = {s for s in configs.splits(c, k, m) if configs.competes(c, s, m, n, batch)}
+        allowed = {s for s in configs.splits(c, k, m) if configs.competes(c, s, m, n, k, batch)}
         for s in sorted({1, configs.split_k(c, m, n, k, batch), 2, 4, 8, 16} & allowed):
             out.append((c.name, s))
     return out

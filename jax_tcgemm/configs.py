@@ -8,7 +8,7 @@ import math
 import pathlib
 import re
 
-# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N) (sm80) or
+# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N, WARPS_K) (sm80) or
 # TCGEMM_SM90_CONFIG(BM, BN, BK, STAGES, CONSUMERS) (Hopper); group 1 is "SM90" for the latter.
 _ROW = re.compile(r"^\s*TCGEMM_(?:(SM90)_)?CONFIG\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)", re.M)
 
@@ -29,19 +29,21 @@ class Config:
     warps_n: int
     kind: str = "sm80"  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
     consumers: int = 0  # sm90: consumer warpgroups (beside one producer warpgroup)
+    warps_k: int = 1  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
 
     @property
     def name(self) -> str:  # same rule as ConfigName() in ffi/gemm_config.h
         tile = f"{self.bm}x{self.bn}x{self.bk}_s{self.stages}"
         if self.kind == "sm90":
             return f"sm90_{tile}_g{self.consumers}"
-        return f"sm80_{tile}_w{self.warps_m}x{self.warps_n}"
+        return (f"sm80_{tile}_w{self.warps_m}x{self.warps_n}"
+                + (f"x{self.warps_k}" if self.warps_k > 1 else ""))
 
     @property
     def threads(self) -> int:
         if self.kind == "sm90":
             return 128 * (self.consumers + 1)  # producer + consumer warpgroups
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n * self.warps_k
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -61,8 +63,8 @@ def _parse(row: re.Match) -> Config:
     if row.group(1):  # SM90: BM, BN, BK, STAGES, CONSUMERS
         bm, bn, bk, stages, consumers = v
         return Config(bm, bn, bk, stages, 0, 0, "sm90", consumers)
-    bm, bn, bk, stages, warps_m, warps_n = v
-    return Config(bm, bn, bk, stages, warps_m, warps_n)
+    bm, bn, bk, stages, warps_m, warps_n, warps_k = v
+    return Config(bm, bn, bk, stages, warps_m, warps_n, warps_k=warps_k)
 
 
 # File order = the C++ config index (kConfigs in ffi/gemm_config.h), sm90 rows included.
@@ -119,7 +121,7 @@ def blocks_per_sm(c: Config) -> int:
     threads = c.threads
     smem = max(c.stages * (c.bm + c.bn) * c.bk * 2,  # kSmemBytes in ffi/gemm_config.h:
                c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16),  # pipeline, epilogue,
-               c.bm * (c.bn + 4) * 4)  # cluster split-K tile
+               max(1, c.warps_k - 1) * c.bm * (c.bn + 4) * 4)  # cluster split-K tile, sliced K
     return max(1, min(65536 // (threads * _REGS_PER_THREAD), _SMEM_PER_SM // (smem + 1024)))
 
 
@@ -335,14 +337,33 @@ def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
 SKINNY_MAX_M = 32
 
 
-def competes(c: Config, s: int, m: int, n: int, batch: int = 1) -> bool:
-    """Whether config c with s K slices is one of plan()'s candidates (rows with BM >= 64:
-    always; skinny rows: see SKINNY_MAX_M)."""
+# Sliced K (warps_k > 1: two warp groups share each stage's K) doubles the warps that stream a
+# block's tiles, which pays off only while a block's own streaming rate decides the time. H100,
+# graph replay (benchmarks/NOTES.md v22), 16x64x128_s6_w1x4x2 against 16x64x64_s6_w1x4, split
+# 1: 32 x 4096^2 10.6 vs 11.9 us, 24 x 4096^2 10.7 vs 12.1, 16 x 4096^2 10.6 vs 11.8, 16 x 4096
+# x 11008 32.8 vs 36.7 (64 blocks); but with two slices 8.6 vs 8.1, the plain row's two slices
+# beat the sliced row's one (8.1 vs 10.6), and where 128 blocks stream weights from HBM the
+# sliced row is slower: 16 x 8192^2 47.1 vs 46.3, 16 x 8192 x 28672 157.5 vs 155.6. So a
+# sliced-K row competes in one slice only, only where the plain skinny row cannot take a second
+# slice (two slices per tile would exceed the SMs, or K is too short for two), and only with
+# at most half the SMs busy or weights that stay in L2 (SLICED_K_MAX_WEIGHT bytes).
+SLICED_K_MAX_WEIGHT = 32 << 20
+
+
+def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1) -> bool:
+    """Whether config c with s K slices is one of plan()'s candidates for a (batch x) M x N x K
+    product (rows with BM >= 64: always; skinny rows: see SKINNY_MAX_M; sliced-K rows: see
+    above)."""
     if c.bm >= 64:
         return True
     blocks = c.tiles(m, n) * batch
-    return (m <= SKINNY_MAX_M and blocks <= _SMS * blocks_per_sm(c)
-            and (s == 1 or blocks * s <= _SMS))
+    ok = (m <= SKINNY_MAX_M and blocks <= _SMS * blocks_per_sm(c)
+          and (s == 1 or blocks * s <= _SMS))
+    if c.warps_k > 1:
+        splittable = 2 * blocks <= _SMS and k >= 2 * _MIN_K_PER_SPLIT
+        rate_bound = 2 * blocks <= _SMS or n * k * 2 <= SLICED_K_MAX_WEIGHT
+        ok = ok and s == 1 and not splittable and rate_bound
+    return ok
 
 
 def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
@@ -358,7 +379,7 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     best = min(((*estimate(c, s, m, n, k, batch), i, s)
                 for i, c in enumerate(CONFIGS)
                 if c in allowed and (c.kind == "sm80" or hopper_ok)
-                for s in splits(c, k, m) if competes(c, s, m, n, batch)))
+                for s in splits(c, k, m) if competes(c, s, m, n, k, batch)))
     return CONFIGS[best[2]].name, best[3]
 
 
@@ -371,5 +392,5 @@ def select(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN
 def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
     """Best K slices for a given config c (by the same model; for a skinny row, among those
     competes() allows, where there are any)."""
-    cands = [s for s in splits(c, k, m) if competes(c, s, m, n, batch)] or [1]
+    cands = [s for s in splits(c, k, m) if competes(c, s, m, n, k, batch)] or [1]
     return min(cands, key=lambda s: (*estimate(c, s, m, n, k, batch), s))

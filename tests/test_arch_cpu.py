@@ -40,13 +40,14 @@ def test_sm90_rows():
 
 
 def test_parse_both_row_kinds():
-    text = ("// TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N)\n"
-            "TCGEMM_CONFIG(128, 256, 32, 4, 2, 4)\n  TCGEMM_SM90_CONFIG( 128,128 , 64, 6, 2 )\n"
-            "TCGEMM_CONFIG(64, 64, 64, 4, 2, 2)\n")
+    text = ("// TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N, WARPS_K)\n"
+            "TCGEMM_CONFIG(128, 256, 32, 4, 2, 4, 1)\n  TCGEMM_SM90_CONFIG( 128,128 , 64, 6, 2 )\n"
+            "TCGEMM_CONFIG(16, 64, 128, 6, 1, 4, 2)\n")
     rows = [configs._parse(m) for m in configs._ROW.finditer(text)]
     assert [c.name for c in rows] == ["sm80_128x256x32_s4_w2x4", "sm90_128x128x64_s6_g2",
-                                      "sm80_64x64x64_s4_w2x2"]
+                                      "sm80_16x64x128_s6_w1x4x2"]
     assert rows[1] == configs.Config(128, 128, 64, 6, 0, 0, "sm90", 2)
+    assert rows[2].warps_k == 2 and rows[2].threads == 256 and rows[0].warps_k == 1
 
 
 @pytest.mark.parametrize("m,n,k,batch", [
@@ -83,10 +84,11 @@ def test_skinny_plans_on_hopper():
     """Against 4096 x 4096 weights on 9.0 (H100, CUDA-graph replay of every candidate): M = 16
     takes the 16-row tile in a 2-block cluster split (8.6 us, 8.3 since v20's push reduction;
     64x64x64 split 2 12.1, the best sm90 plan 12.2), M = 32 the 16-row tile in one slice
-    (11.8 us; two slices 14.3, 64x64x64 split 2 12.5), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
+    (11.8 us; two slices 14.3, 64x64x64 split 2 12.5), and since v22 the sliced-K 16-row tile in
+    one slice (10.5 us), M = 128 the one-warpgroup sm90 row in 2 slices (harness 25.2 us; sm80
     64x64x64 split 2 31.8). 16 x 28672 x 8192 needs two waves of 16-row tiles: sm90 instead."""
     assert configs.plan(16, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 2)
-    assert configs.plan(32, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x64_s6_w1x4", 1)
+    assert configs.plan(32, 4096, 4096, arch=(9, 0)) == ("sm80_16x64x128_s6_w1x4x2", 1)
     assert configs.plan(128, 4096, 4096, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 2)
     assert configs.plan(16, 28672, 8192, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
 
@@ -94,7 +96,8 @@ def test_skinny_plans_on_hopper():
 @pytest.mark.parametrize("m,n,k,batch", [(16, 4096, 4096, 1), (32, 4096, 4096, 1),
                                          (16, 28672, 8192, 1), (8, 8192, 28672, 1),
                                          (33, 4096, 4096, 1), (1000, 1000, 1000, 1),
-                                         (16, 256, 4096, 64)], ids=str)
+                                         (16, 256, 4096, 64), (24, 4096, 4096, 1),
+                                         (16, 8192, 8192, 1), (16, 4096, 512, 1)], ids=str)
 @pytest.mark.parametrize("arch", [None, (9, 0)], ids=str)
 def test_skinny_rows_only_where_they_pay(m, n, k, batch, arch):
     """A skinny row (BM < 64) is planned only for M <= SKINNY_MAX_M, all its blocks in one
@@ -105,8 +108,11 @@ def test_skinny_rows_only_where_they_pay(m, n, k, batch, arch):
         blocks = c.tiles(m, n) * batch
         assert m <= configs.SKINNY_MAX_M and blocks <= 132 * configs.blocks_per_sm(c)
         assert split == 1 or blocks * split <= 132, (name, split)
+        if c.warps_k > 1:  # sliced K: one slice, where the plain skinny row cannot take two
+            assert split == 1 and (2 * blocks > 132 or k < 1024), (name, split)
+            assert 2 * blocks <= 132 or n * k * 2 <= configs.SLICED_K_MAX_WEIGHT
     for cname, s in autotune.candidates(m, n, k, batch, arch):
-        assert configs.competes(configs.BY_NAME[cname], s, m, n, batch)
+        assert configs.competes(configs.BY_NAME[cname], s, m, n, k, batch)
     assert any(c.bm < 64 for c in configs.CONFIGS)
 
 

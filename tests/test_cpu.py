@@ -85,10 +85,15 @@ def test_config_names_procedural_and_unique():
     for c in configs.CONFIGS:
         assert configs.BY_NAME[c.name] is c and c.bk % 16 == 0
         if c.kind == "sm80":
-            assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+", c.name), c.name
-            assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}"
-            assert c.consumers == 0 and c.threads == 32 * c.warps_m * c.warps_n
+            assert re.fullmatch(r"sm80_\d+x\d+x\d+_s\d+_w\d+x\d+(x[2-9]\d*)?", c.name), c.name
+            wk = f"x{c.warps_k}" if c.warps_k > 1 else ""
+            assert c.name == f"sm80_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_w{c.warps_m}x{c.warps_n}{wk}"
+            assert c.consumers == 0 and c.threads == 32 * c.warps_m * c.warps_n * c.warps_k
             assert c.bm % (16 * c.warps_m) == 0 and c.bn % (8 * c.warps_n) == 0
+            # sliced K: each k group's share of a stage is whole 64-wide chunk groups
+            assert c.warps_k == 1 or (c.bk // 16) % (4 * c.warps_k) == 0
+        else:
+            assert c.warps_k == 1
     assert configs.LAYOUTS == ("NN", "NT", "TN", "TT")
     assert [configs.layout_name(*t) for t in LAYOUTS] == ["NN", "NT", "TN", "TT"]
 
