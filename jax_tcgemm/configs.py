@@ -340,13 +340,17 @@ SKINNY_MAX_M = 32
 # Sliced K (warps_k > 1: two warp groups share each stage's K) doubles the warps that stream a
 # block's tiles, which pays off only while a block's own streaming rate decides the time. H100,
 # graph replay (benchmarks/NOTES.md v22), 16x64x128_s6_w1x4x2 against 16x64x64_s6_w1x4, split
-# 1: 32 x 4096^2 10.6 vs 11.9 us, 24 x 4096^2 10.7 vs 12.1, 16 x 4096^2 10.6 vs 11.8, 16 x 4096
-# x 11008 32.8 vs 36.7 (64 blocks); but with two slices 8.6 vs 8.1, the plain row's two slices
-# beat the sliced row's one (8.1 vs 10.6), and where 128 blocks stream weights from HBM the
-# sliced row is slower: 16 x 8192^2 47.1 vs 46.3, 16 x 8192 x 28672 157.5 vs 155.6. So a
-# sliced-K row competes in one slice only, only where the plain skinny row cannot take a second
-# slice (two slices per tile would exceed the SMs, or K is too short for two), and only with
-# at most half the SMs busy or weights that stay in L2 (SLICED_K_MAX_WEIGHT bytes).
+# 1: 32 x 4096^2 10.5 vs 11.9 us, 24 x 4096^2 10.7 vs 12.1, 17 x 4096^2 10.9 vs 12.1, 32 x 4096
+# x 11008 33.1 vs 37.1 (36.2 in two slices), 16 x 4096^2 10.6 vs 11.8, 16 x 4096 x 11008 32.8
+# vs 36.7 (64 blocks); but with two slices 8.6 vs 8.1, the plain row's two slices beat the
+# sliced row's one (8.1 vs 10.6), and where 128 blocks of one tile row stream each weight byte
+# once from HBM the sliced row is slower: 16 x 8192^2 47.1 vs 46.3, 16 x 8192 x 28672 157.5 vs
+# 155.6. So a sliced-K row competes in one slice only, only where the plain skinny row cannot
+# take a second slice (two slices per tile would exceed the SMs, or K is too short for two),
+# and only where the weights do not simply stream from HBM: at most half the SMs busy, two or
+# more tile rows (all but the first read a weight panel from L2), or weights that stay in L2
+# (SLICED_K_MAX_WEIGHT bytes). (A 32x64x64 tile of 2 x 4 warps, tried instead for M = 17..32,
+# was slower: 32 x 4096^2 in two slices 11.3 us, one 17.1.)
 SLICED_K_MAX_WEIGHT = 32 << 20
 
 
@@ -361,7 +365,7 @@ def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1) -> bool:
           and (s == 1 or blocks * s <= _SMS))
     if c.warps_k > 1:
         splittable = 2 * blocks <= _SMS and k >= 2 * _MIN_K_PER_SPLIT
-        rate_bound = 2 * blocks <= _SMS or n * k * 2 <= SLICED_K_MAX_WEIGHT
+        rate_bound = 2 * blocks <= _SMS or m > c.bm or n * k * 2 <= SLICED_K_MAX_WEIGHT
         ok = ok and s == 1 and not splittable and rate_bound
     return ok
 

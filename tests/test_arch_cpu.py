@@ -97,7 +97,8 @@ def test_skinny_plans_on_hopper():
                                          (16, 28672, 8192, 1), (8, 8192, 28672, 1),
                                          (33, 4096, 4096, 1), (1000, 1000, 1000, 1),
                                          (16, 256, 4096, 64), (24, 4096, 4096, 1),
-                                         (16, 8192, 8192, 1), (16, 4096, 512, 1)], ids=str)
+                                         (16, 8192, 8192, 1), (16, 4096, 512, 1),
+                                         (32, 4096, 11008, 1)], ids=str)
 @pytest.mark.parametrize("arch", [None, (9, 0)], ids=str)
 def test_skinny_rows_only_where_they_pay(m, n, k, batch, arch):
     """A skinny row (BM < 64) is planned only for M <= SKINNY_MAX_M, all its blocks in one
@@ -110,7 +111,7 @@ def test_skinny_rows_only_where_they_pay(m, n, k, batch, arch):
         assert split == 1 or blocks * split <= 132, (name, split)
         if c.warps_k > 1:  # sliced K: one slice, where the plain skinny row cannot take two
             assert split == 1 and (2 * blocks > 132 or k < 1024), (name, split)
-            assert 2 * blocks <= 132 or n * k * 2 <= configs.SLICED_K_MAX_WEIGHT
+            assert 2 * blocks <= 132 or m > c.bm or n * k * 2 <= configs.SLICED_K_MAX_WEIGHT
     for cname, s in autotune.candidates(m, n, k, batch, arch):
         assert configs.competes(configs.BY_NAME[cname], s, m, n, k, batch)
     assert any(c.bm < 64 for c in configs.CONFIGS)
