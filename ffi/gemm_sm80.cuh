@@ -134,7 +134,7 @@ struct WarpFragments {
   // 0, checked by ConfigTraits) moves whole rows' chunks by 2 * kk0; MN-major tiles: the
   // swizzle depends on row bits below 16 only, so the step moves by 16 * kk0 whole rows.
   static __device__ __forceinline__ uint2 kgroup_offset(int kk0) {
-    constexpr uint32_t kARow = Tr::kBM * 2, kBRow = Tr::kBN * 2;  // MN-major row bytes
+    constexpr uint32_t kARow = Tr::kBM * Tr::kElem, kBRow = Tr::kBN * Tr::kElem;  // MN-major rows
     return make_uint2(A_KMAJOR ? kk0 * 32 : kk0 * 16 * kARow, B_KMAJOR ? kk0 * 32 : kk0 * 16 * kBRow);
   }
 
@@ -249,6 +249,17 @@ __device__ __forceinline__ void for_each_acc_pair(int wm0, int wn0, int lane, F&
         f(mi, ni, h, (wm0 + mi * 16 + g + 8 * h) * Tr::kClusterLd + wn0 + ni * 8 + 2 * q);
 }
 
+// Stores a warp's accumulators into a float32 [BM][kClusterLd] tile in shared memory (the
+// layout of for_each_acc_pair), for another warp or block to add.
+template <int CFG>
+__device__ __forceinline__ void park_acc(
+    float* tile, const float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], int wm0,
+    int wn0, int lane) {
+  for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
+    *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  });
+}
+
 // Sliced K (kWarpsK > 1), after the main loop: k groups 1.. park their accumulators as float32
 // tiles ([BM][kClusterLd] each) at the start of shared memory, and group 0 adds them in group
 // order (deterministic); from then on only group 0's warps hold the block's sums. Shared
@@ -259,11 +270,7 @@ __device__ __forceinline__ void sum_k_groups(
     int wn0, int lane) {
   using Tr = ConfigTraits<CFG>;
   float* park = reinterpret_cast<float*>(smem);
-  if (wk > 0)
-    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-      *reinterpret_cast<float2*>(park + (wk - 1) * Tr::kBM * Tr::kClusterLd + i) =
-          make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    });
+  if (wk > 0) park_acc<CFG>(park + (wk - 1) * Tr::kBM * Tr::kClusterLd, acc, wm0, wn0, lane);
   __syncthreads();
   if (wk == 0)
 #pragma unroll
@@ -292,10 +299,7 @@ __device__ __forceinline__ void cluster_reduce_store(
   using Tr = ConfigTraits<CFG>;
   constexpr int kLd = Tr::kClusterLd;
   float* tile = reinterpret_cast<float*>(smem);
-  if (holds)
-    for_each_acc_pair<CFG>(wm0, wn0, tid & 31, [&](int mi, int ni, int h, int i) {
-      *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    });
+  if (holds) park_acc<CFG>(tile, acc, wm0, wn0, tid & 31);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -330,7 +334,7 @@ __device__ __forceinline__ void cluster_reduce_store(
 // first cluster barrier phase (arrived at its start) must have completed: both blocks run.
 // With another batch item to come (`more`), a second phase keeps the slot until the leader
 // has read it. Every thread takes part; those whose warp `holds` the block's sums (sliced K:
-// k group 0) move them. Returns whether this block stores C.
+// k group 0) move them. Returns whether this thread stores C (the leader's that hold them).
 template <int CFG>
 __device__ __forceinline__ bool cluster_push_reduce(
     float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, bool more,
@@ -363,7 +367,7 @@ __device__ __forceinline__ bool cluster_push_reduce(
     ptx::cluster_arrive();
     ptx::cluster_wait();
   }
-  return true;
+  return holds;
 }
 
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
@@ -480,8 +484,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
 
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
-      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane) &&
-          holds)
+      if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane))
         store_tile<CFG>(p, z * p.m * p.n, acc, smem + wmn * 16 * Tr::kEpiRowBytes, m0 + wm0,
                         n0 + wn0, lane);
     } else if (p.cluster_reduce) {

@@ -364,7 +364,7 @@ def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1) -> bool:
     ok = (m <= SKINNY_MAX_M and blocks <= _SMS * blocks_per_sm(c)
           and (s == 1 or blocks * s <= _SMS))
     if c.warps_k > 1:
-        splittable = 2 * blocks <= _SMS and k >= 2 * _MIN_K_PER_SPLIT
+        splittable = 2 in splits(c, k, m) and 2 * blocks <= _SMS  # as the plain row would
         rate_bound = 2 * blocks <= _SMS or m > c.bm or n * k * 2 <= SLICED_K_MAX_WEIGHT
         ok = ok and s == 1 and not splittable and rate_bound
     return ok
