@@ -9,11 +9,14 @@ XLA reads XLA_FLAGS once per process, so a subprocess runs with
     --xla_gpu_graph_min_graph_size=1
 
 and (1) compiles 8 independent products in one jit, whose compiled HLO must hold our custom
-call inside a `command_buffer` computation, (2) runs them, a lax.scan of 30 products and a
-fori_loop of 30 dependent ones, and saves the results. A second subprocess runs the same
-programs with command buffers off (--xla_gpu_enable_command_buffer=): the graph replays must
-equal those runs bitwise (a replay with stale pointers or a missing launch would differ), and
-float32 jnp.dot / the float64 product within bounds.
+call inside a `command_buffer` computation, (2) runs them, a lax.scan of 30 products, a
+fori_loop of 30 dependent ones, and a chain of 7 dependent products through every launch path
+(sm90 row, clustered split-K by push and by pull, workspace split-K and its reduction kernel,
+packed operands, the sliced-K row) with XLA ops between them, and saves the results. A second
+subprocess runs the same programs with command buffers off (--xla_gpu_enable_command_buffer=):
+the graph replays must equal those runs bitwise (a replay with stale pointers or a missing
+launch would differ), and each product lie within bounds of float32 jnp.dot / the float64
+product of its actual inputs.
 """
 import json
 import os
@@ -59,9 +62,34 @@ def scanned(A, B):    # 30 independent products in a while loop
 def chained(x, W):    # 30 dependent products: x <- x @ W
     return lax.fori_loop(0, 30, lambda i, x: tcgemm(x[None], W)[0], x)
 
+# (config, split_k, output width) per step of `mixed`; its input is 512 x 264. 1028-wide rows
+# are not 16-byte multiples: steps 2 and 3 pack an operand. Splits past 8 and sm90 splits sum
+# in the workspace with a second kernel; sm80 splits up to 8 reduce in a cluster (push for 2).
+STEPS = (("sm90_128x128x64_s6_g2", 1, 256), ("sm80_64x64x32_s4_w2x2", 2, 1028),
+         ("sm80_64x64x64_s4_w2x2", 4, 128), ("sm80_16x64x64_s6_w1x4", 2, 512),
+         ("sm80_64x64x32_s4_w2x2", 16, 256), ("sm90_128x256x64_s4_g2", 2, 384),
+         ("sm80_16x64x128_s6_w1x4x2", 1, 264))
+X0 = jnp.asarray(rng.standard_normal((512, 264), np.float32).astype(F16))
+WS, d = [], 264
+for _, _, n in STEPS:
+    WS.append(jnp.asarray((rng.standard_normal((d, n), np.float32) / np.sqrt(d)).astype(F16)))
+    d = n
+
+@jax.jit
+def mixed(x, ws):     # dependent products through every launch path, XLA ops between them
+    pairs = []
+    for (cfg, split, _), w in zip(STEPS, ws):
+        y = tcgemm(x[None], w[None], config=cfg, split_k=split)[0]
+        pairs.append((x, y))
+        x = (jnp.tanh(y.astype(F32)) * 2).astype(F16)
+    return pairs
+
 def run():
-    return {"straight": np.asarray(straight(A, B)), "scanned": np.asarray(scanned(A, B)),
-            "chained": np.asarray(chained(A[0], W).astype(F32))}
+    out = {"straight": np.asarray(straight(A, B)), "scanned": np.asarray(scanned(A, B)),
+           "chained": np.asarray(chained(A[0], W).astype(F32))}
+    for i, (x, y) in enumerate(mixed(X0, WS)):
+        out[f"mixed_in{i}"], out[f"mixed_out{i}"] = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    return out
 '''
 
 CHILD = PROGRAMS + r'''
@@ -71,7 +99,8 @@ comps = re.split(r"\n(?=\S)", text)  # one chunk per computation
 in_cb = [c.split("(")[0] for c in comps
          if 'custom_call_target="tcgemm"' in c and "command_buffer" in c.split("\n")[0]]
 holders = [c.split("(")[0][:80] for c in comps if 'custom_call_target="tcgemm"' in c]
-np.savez(sys.argv[1], **run(), A=np.asarray(A, np.float32), B=np.asarray(B, np.float32))
+np.savez(sys.argv[1], **run(), A=np.asarray(A, np.float32), B=np.asarray(B, np.float32),
+         **{f"mixed_w{i}": np.asarray(w, np.float32) for i, w in enumerate(WS)})
 print(json.dumps({"tcgemm_in_command_buffer": in_cb, "holders": holders,
                   "command_buffer_in_hlo": "command_buffer" in text}))
 '''
@@ -103,8 +132,13 @@ def test_command_buffers_with_custom_calls(tmp_path):
                       f"(capture may still happen at the thunk level): {info}")
     info_off, plain = _child(tmp_path, "plain", "--xla_gpu_enable_command_buffer=")
     assert not info_off["tcgemm_in_command_buffer"]
-    for name in ("straight", "scanned", "chained"):
-        np.testing.assert_array_equal(graphs[name], plain[name], err_msg=name)
+    names = [n for n in graphs if n.startswith(("straight", "scanned", "chained", "mixed_"))]
+    assert len(names) == 3 + 3 * 7
+    for name in names:
+        np.testing.assert_array_equal(graphs[name], plain[name], err_msg=f"{name}: graph vs stream")
+    for i in range(7):  # each product of the chain against its own inputs
+        x, w, y = plain[f"mixed_in{i}"], plain[f"mixed_w{i}"], plain[f"mixed_out{i}"]
+        assert_close(y, f64(x) @ f64(w), np.float16, x.shape[1], f"mixed step {i}")
     A, B = graphs["A"], graphs["B"]
     dot32 = np.asarray(jnp.dot(jnp.asarray(A[:8].reshape(-1, 80)), jnp.asarray(B[0]),
                                precision=jax.lax.Precision.HIGHEST)).reshape(8, 96, 72)
