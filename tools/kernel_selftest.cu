@@ -10,7 +10,8 @@
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
 //   /tmp/selftest --time B M N K [SPLIT...]  # per-launch time under graph replay (env:
-//                              # TIME_NT: layout NT; TIME_PACK: the packing alone too)
+//                              # TIME_NT: layout NT; TIME_PACK: the packing alone too;
+//                              # TIME_NOPACK: 16-byte-multiple rows unpacked)
 //   /tmp/selftest --clusters   # resident blocks per SM and clusters of 2, 4, 8 per config
 //   /tmp/selftest --sanitize   # one small problem per config x layout x dtype x aligned/unaligned
 //                              # loader (output types and split-K rotating), no timings: the case
@@ -191,10 +192,11 @@ static double graph_us(F launch) {
 }
 
 // Graph-timed (batch x) M x N x K f16 product, NN (NT with $TIME_NT set), split_k slices,
-// misaligned operands packed; config -1: the packing alone (what LaunchGemm would copy).
+// misaligned operands packed (unless $TIME_NOPACK is set: rows that are 16-byte multiples then
+// run as stored); config -1: the packing alone (what LaunchGemm would copy).
 static double time_graph(int cfg, int64_t batch, int64_t m, int64_t n, int64_t k, int split) {
-  const TimedProblem tp(cfg < 0 ? 0 : cfg, InType::kF16, batch, m, n, k, split, true,
-                        std::getenv("TIME_NT") != nullptr);
+  const TimedProblem tp(cfg < 0 ? 0 : cfg, InType::kF16, batch, m, n, k, split,
+                        std::getenv("TIME_NOPACK") == nullptr, std::getenv("TIME_NT") != nullptr);
   if (cfg >= 0) return graph_us([&](cudaStream_t st) { tp.launch(st); });
   PackJob jobs[2];
   GemmParams packed = tp.pr.params;  // PackOperands points it at the copies (unused here)
