@@ -173,12 +173,10 @@ struct WarpFragments {
   }
 };
 
-// Writes four float32 values to C[row][col..col+3] (row-major, ldc = N) as Out: one 8- or
-// 16-byte store when N % 4 == 0 (then every quad is aligned), else element by element up to N.
+// Writes four float32 values to dst[0..3] as Out: one 8- or 16-byte store when N % 4 == 0
+// (then every quad is aligned), else element by element up to the `cols_left` left in the row.
 template <typename Out>
-__device__ __forceinline__ void store_quad(const GemmParams& p, Out* __restrict__ c, int64_t row,
-                                           int64_t col, float4 v) {
-  Out* dst = c + row * p.n + col;
+__device__ __forceinline__ void store_quad(const GemmParams& p, Out* dst, int cols_left, float4 v) {
   if (p.n % 4 == 0) {
     if constexpr (std::is_same_v<Out, float>) {
       *reinterpret_cast<float4*>(dst) = v;
@@ -189,22 +187,25 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, Out* __restrict_
     }
   } else {
     const float e[4] = {v.x, v.y, v.z, v.w};
-    for (int j = 0; j < 4 && col + j < p.n; ++j) dst[j] = convert<Out>(e[j]);
+    for (int j = 0; j < 4 && j < cols_left; ++j) dst[j] = convert<Out>(e[j]);
   }
 }
 
 // Copies 16 staged float32 rows of a warp tile to C as Out, one 16-byte shared read and one
-// store_quad per lane and step, predicated on M, N.
+// store_quad per lane and step. Lane l always takes quad column l % kQuads and rows l / kQuads
+// + i * kRowStep: `dst` is C at its first row and quad, `rows_left`/`cols_left` are the rows
+// and columns of C from there on (<= 0: outside C).
 template <int WN, int ROW_BYTES, typename Out>
-__device__ __forceinline__ void copy_rows(const GemmParams& p, Out* __restrict__ c,
-                                          const char* stage, int64_t row0, int64_t col0, int lane) {
+__device__ __forceinline__ void copy_rows(const GemmParams& p, Out* dst, const char* stage,
+                                          int rows_left, int cols_left, int lane) {
   constexpr int kQuads = WN / 4;  // 4-float groups per row
+  static_assert(32 % kQuads == 0, "a lane keeps its quad column");
+  constexpr int kRowStep = 32 / kQuads;
+  const char* src = stage + (lane / kQuads) * ROW_BYTES + (lane % kQuads) * 16;
 #pragma unroll
-  for (int idx = lane; idx < 16 * kQuads; idx += 32) {
-    const int r = idx / kQuads, qd = idx % kQuads;
-    const int64_t gr = row0 + r, gc = col0 + qd * 4;
-    if (gr >= p.m || gc >= p.n) continue;
-    store_quad(p, c, gr, gc, *reinterpret_cast<const float4*>(stage + r * ROW_BYTES + qd * 16));
+  for (int i = 0; i < 16 / kRowStep; ++i, dst += kRowStep * p.n) {
+    if (i * kRowStep < rows_left && cols_left > 0)
+      store_quad(p, dst, cols_left, *reinterpret_cast<const float4*>(src + i * kRowStep * ROW_BYTES));
   }
 }
 
@@ -215,7 +216,12 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
                                            float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
                                            char* stage, int64_t row0, int64_t col0, int lane) {
   using Tr = ConfigTraits<CFG>;
+  constexpr int kQuads = Tr::kWN / 4;
   const int g = lane >> 2, q = lane & 3;
+  const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
+  int64_t off = c_off + r * p.n + c;  // element offset of the lane's first quad in C
+  int rows_left = static_cast<int>(p.m - r);
+  const int cols_left = static_cast<int>(p.n - c);
 #pragma unroll
   for (int mi = 0; mi < Tr::kMI; ++mi) {
 #pragma unroll
@@ -225,12 +231,14 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
         *reinterpret_cast<float2*>(stage + (g + 8 * h) * Tr::kEpiRowBytes + (ni * 8 + 2 * q) * 4) =
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncwarp();
-    const int64_t r0 = row0 + mi * 16;
     with_out_type(p.out_type, [&](auto out) {
       using Out = decltype(out);
-      copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<Out*>(p.c) + c_off, stage, r0, col0, lane);
+      copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<Out*>(p.c) + off, stage, rows_left,
+                                           cols_left, lane);
     });
     __syncwarp();
+    off += 16 * p.n;
+    rows_left -= 16;
   }
 }
 
@@ -317,7 +325,8 @@ __device__ __forceinline__ void cluster_reduce_store(
       sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
     }
     with_out_type(p.out_type, [&](auto out) {
-      store_quad(p, static_cast<decltype(out)*>(p.c) + c_off, gr, gc, sum);
+      store_quad(p, static_cast<decltype(out)*>(p.c) + c_off + gr * p.n + gc,
+                 static_cast<int>(p.n - gc), sum);
     });
   }
   cluster.sync();
