@@ -31,6 +31,7 @@
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
+#include "ptx/sreg.cuh"
 
 namespace tcgemm {
 
@@ -383,47 +384,52 @@ template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
 __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
   using Tr = ConfigTraits<CFG>;
   extern __shared__ __align__(128) char smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wk = Tr::kWarpsK > 1 ? warp / Tr::kWarpsMN : 0;  // k group (sliced K)
-  const int wmn = Tr::kWarpsK > 1 ? warp % Tr::kWarpsMN : warp;  // warp within its k group
-  const int wm0 = (wmn % Tr::kWarpsM) * Tr::kWM;
-  const int wn0 = (wmn / Tr::kWarpsM) * Tr::kWN;
-
-  // Threadblock rasterization: column-major within groups of kGroupM tile rows, so that
-  // consecutive blocks share A row-panels and B column-panels in L2.
-  constexpr int kGroupM = 8;
-  const int pid = blockIdx.x;
-  const int group_size = kGroupM * p.tiles_n;
-  const int first_m = (pid / group_size) * kGroupM;
-  const int group_m = min(p.tiles_m - first_m, kGroupM);
-  const int64_t m0 = int64_t(first_m + (pid % group_size) % group_m) * Tr::kBM;
-  const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
-
-  // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
-  // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles past
-  // the slice unconditionally, and those come back as zeros without reading memory.
-  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
-  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
-  const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
-  const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
-  const int64_t k_end = min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
-
-  // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; rows are
-  // p.lda / p.ldb elements apart (the contiguous extent, or a packed copy's padded one).
-  const int64_t a_rows = A_KMAJOR ? p.m : k_end, a_cols = A_KMAJOR ? k_end : p.m;
-  const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
-  using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
-                           Tr::kThreads, ALIGNED, !A_KMAJOR>;
-  using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
-                           Tr::kThreads, ALIGNED, !B_KMAJOR>;
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
   const bool push = Tr::kPushReduce && p.cluster_reduce == 2;
   if (push) ptx::cluster_arrive_relaxed();  // waited for before the first push (the main loop
                                             // hides it): every block of the cluster has started
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
+  using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
+                           Tr::kThreads, ALIGNED, !A_KMAJOR>;
+  using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
+                           Tr::kThreads, ALIGNED, !B_KMAJOR>;
 
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
+    // Everything derived from the thread and block indices is computed here, for every batch
+    // item, from special registers read with volatile PTX (ptx/sreg.cuh): the compiler would
+    // otherwise hoist it out of this loop and keep it live across the main loop, where the
+    // accumulators and fragments need every register (large tiles spilled it to local memory).
+    const int tid = ptx::tid_x(), lane = tid & 31, warp = tid >> 5;
+    const int wk = Tr::kWarpsK > 1 ? warp / Tr::kWarpsMN : 0;  // k group (sliced K)
+    const int wmn = Tr::kWarpsK > 1 ? warp % Tr::kWarpsMN : warp;  // warp within its k group
+    const int wm0 = (wmn % Tr::kWarpsM) * Tr::kWM;
+    const int wn0 = (wmn / Tr::kWarpsM) * Tr::kWN;
+
+    // Threadblock rasterization: column-major within groups of kGroupM tile rows, so that
+    // consecutive blocks share A row-panels and B column-panels in L2.
+    constexpr int kGroupM = 8;
+    const int pid = ptx::ctaid_x();
+    const int group_size = kGroupM * p.tiles_n;
+    const int first_m = (pid / group_size) * kGroupM;
+    const int group_m = min(p.tiles_m - first_m, kGroupM);
+    const int64_t m0 = int64_t(first_m + (pid % group_size) % group_m) * Tr::kBM;
+    const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
+
+    // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
+    // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles
+    // past the slice unconditionally, and those come back as zeros without reading memory.
+    const int split = ptx::ctaid_y();
+    const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+    const int kt_begin = split * p.k_tiles_per_split;
+    const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
+    const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
+    const int64_t k_end = min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
+
+    // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; rows are
+    // p.lda / p.ldb elements apart (the contiguous extent, or a packed copy's padded one).
+    const int64_t a_rows = A_KMAJOR ? p.m : k_end, a_cols = A_KMAJOR ? k_end : p.m;
+    const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
     LoadA load_a;
     LoadB load_b;
     load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, p.lda,
@@ -500,7 +506,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
       cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, holds, wm0, wn0, tid);
     } else if (holds) {
       char* stage = smem + wmn * 16 * Tr::kEpiRowBytes;  // this warp's staging rows
-      store_tile<CFG>(p, (int64_t(blockIdx.y) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
+      store_tile<CFG>(p, (int64_t(split) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
                       n0 + wn0, lane);
     }
     __syncthreads();  // staging area is the next batch item's pipeline
