@@ -110,6 +110,14 @@ struct ConfigTraits {
   // (gemm_sm80.cuh, cluster_push_reduce): the second slice stores its tile into a receive slot
   // of the leader's shared memory, past kSmemBytes; the launch adds kClusterBytes for it.
   static constexpr bool kPushReduce = kClusterBytes <= 32 * 1024;
+  // Element-wise loads (operands that are not 16-byte aligned) hold every 16-byte chunk in 8
+  // registers until it is in shared memory. Where a k tile's chunks do not fit next to the
+  // accumulators and both fragment buffers with 63 registers to spare, the main loop loads
+  // each k16 step's share of them after that step's mma, else it loads the whole tile at the
+  // first step (one load latency per k tile).
+  static constexpr int kChunksPerThread = (kBM + kBN) * kBK / 8 / kThreads;
+  static constexpr bool kSplitElementLoads =
+      kMI * kNI * 4 + 2 * (kMI * 4 + kNI * 2) + 8 * kChunksPerThread > 192;
 
   static_assert(kBM % (16 * kWarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(kBN % (16 * kWarpsN) == 0, "warp tile cols must be a multiple of 16 (x4 B loads)");
@@ -125,6 +133,8 @@ struct ConfigTraits {
   static_assert(kStages >= 2, "a pipeline needs at least two stages");
   static_assert((kBM * kBK / 8) % kThreads == 0 && (kBN * kBK / 8) % kThreads == 0,
                 "every thread copies the same number of 16-byte chunks per stage");
+  static_assert(!kSplitElementLoads || kStages >= 3,
+                "a k tile loaded across the main loop's steps needs a stage in between");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
   static_assert(!kPushReduce || (kSmemBytes % 16 == 0 && kSmemBytes + kClusterBytes <= 227 * 1024),
                 "the push receive slot must fit after the block's shared memory");

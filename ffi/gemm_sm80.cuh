@@ -58,12 +58,16 @@ __device__ __forceinline__ int swizzle_chunk(int row, int ch) {
 // computed once, in init(). ALIGNED: ld is a multiple of 8 and the base is 16-byte aligned, so
 // every chunk is one cp.async of 16 bytes (zero-filled past the edge). A chunk that straddles
 // `cols` is read whole: cols % 8 != 0 only for a packed copy (gemm_pack.cu), whose padding is
-// zeros. Otherwise elements are loaded one by one. Sizes are below 2^31 (the FFI handler checks).
+// zeros. Otherwise elements are loaded one by one (ptx::ld_global_8xb16_zfill) and stored with
+// st.shared, all of a k tile at once (load_next), or in parts (fetch, store) where a k tile's
+// chunks do not fit in registers next to the accumulators (ConfigTraits::kSplitElementLoads).
+// Sizes are below 2^31 (the FFI handler checks).
 template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, bool K_IN_ROWS>
 struct TileLoader {
   static constexpr int kCPR = COLS / 8;
   static constexpr int kRowsPerIter = THREADS / kCPR;
   static constexpr int kIters = ROWS / kRowsPerIter;
+  static constexpr int kIterBytes = kRowsPerIter * kCPR * 16;  // of a shared tile
   static_assert(THREADS % kCPR == 0 && ROWS % kRowsPerIter == 0,
                 "chunks must divide evenly among threads");
   static_assert(kRowsPerIter % 8 == 0, "every iteration's rows must share one swizzle pattern");
@@ -93,20 +97,45 @@ struct TileLoader {
     const T* src = g;
 #pragma unroll
     for (int i = 0; i < kIters; ++i, src += iter_step) {
-      const uint32_t d = tile + dst + i * (kRowsPerIter * kCPR * 16);
+      const uint32_t d = tile + dst + i * kIterBytes;
       const bool row_ok = i * kRowsPerIter < rows_left;
       if constexpr (ALIGNED) {
         ptx::cp_async_cg_16_or_zero(d, src, !(row_ok && cols_left > 0));
       } else {
-        union {
-          T e[8];
-          uint32_t w[4];
-        } v;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v.e[e] = row_ok && e < cols_left ? src[e] : T(0.0f);
-        ptx::st_shared_v4_b32(d, v.w);
+        uint32_t w[4];
+        ptx::ld_global_8xb16_zfill(w, src, row_ok ? cols_left : 0);
+        ptx::st_shared_v4_b32(d, w);
       }
     }
+    next();
+  }
+
+  // Element-wise loads of a k tile in `parts` parts (chunks i with i * parts / kIters == part):
+  // fetch() reads part `part` of the current k tile into registers, store() writes them to the
+  // tile at shared address `tile`; next() moves on after the last part. The branch around the
+  // loads skips a part that lies below the matrix, and keeps the compiler from moving them into
+  // the preceding mma (where their registers are not to be had).
+  using Regs = uint32_t[kIters][4];
+  __device__ __forceinline__ void fetch(Regs& w, int part, int parts) const {
+    const int first = (part * kIters + parts - 1) / parts;  // the part's first chunk
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+      if (i * parts / kIters == part) w[i][0] = w[i][1] = w[i][2] = w[i][3] = 0u;
+    if (first * kRowsPerIter < rows_left && cols_left > 0) {
+      const T* src = g;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i, src += iter_step)
+        if (i * parts / kIters == part)
+          ptx::ld_global_8xb16_zfill(w[i], src, i * kRowsPerIter < rows_left ? cols_left : 0);
+    }
+  }
+  __device__ __forceinline__ void store(uint32_t tile, const Regs& w, int part, int parts) const {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+      if (i * parts / kIters == part) ptx::st_shared_v4_b32(tile + dst + i * kIterBytes, w[i]);
+  }
+
+  __device__ __forceinline__ void next() {
     g += tile_step;
     if constexpr (K_IN_ROWS) rows_left -= ROWS;
     else cols_left -= COLS;
@@ -394,6 +423,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
                            Tr::kThreads, ALIGNED, !A_KMAJOR>;
   using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
                            Tr::kThreads, ALIGNED, !B_KMAJOR>;
+  constexpr bool kSplitLoads = !ALIGNED && Tr::kSplitElementLoads;
 
   for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
     // Everything derived from the thread and block indices is computed here, for every batch
@@ -462,7 +492,11 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     // last reader finished before the barrier at the end of iteration kt-1. Fragments are
     // double-buffered: step kk+1 (after the last step's barrier: the next stage's first step)
     // is read from shared memory while step kk's mma run. A warp runs its k group's kKStepsW
-    // steps of every stage (all of them without sliced K), from tile offsets `ko`.
+    // steps of every stage (all of them without sliced K), from tile offsets `ko`. Element-wise
+    // loads that do not fit next to the fragments (kSplitLoads) bring tile kt+S-1 in over the
+    // steps instead, each step's share after its mma (when one fragment buffer is free): the
+    // last share lands after this iteration's barrier, and S >= 3 keeps its stage unread until
+    // the next one's.
     using Frag = WarpFragments<CFG, A_KMAJOR, B_KMAJOR>;
     const uint2 ko = Frag::kgroup_offset(wk * Tr::kKStepsW);
     Frag frag[2];
@@ -478,9 +512,11 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
         const int s_next = kk == Tr::kKStepsW - 1 ? (kt + 1) % Tr::kStages : s;
         frag[(kk + 1) & 1].load(a_tile(s_next) + ko.x, b_tile(s_next) + ko.y,
                                 (kk + 1) % Tr::kKStepsW, wm0, wn0, lane);
-        if (kk == 0) {  // unconditional: past the slice's last k tile the loaders zero-fill
-          load_stage((kt + Tr::kStages - 1) % Tr::kStages);
-          ptx::cp_async_commit_group();
+        if constexpr (!kSplitLoads) {
+          if (kk == 0) {  // unconditional: past the slice's last k tile the loaders zero-fill
+            load_stage((kt + Tr::kStages - 1) % Tr::kStages);
+            ptx::cp_async_commit_group();
+          }
         }
         const auto& f = frag[kk & 1];
 #pragma unroll
@@ -490,6 +526,19 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
             const int ni = (mi & 1) ? Tr::kNI - 1 - nj : nj;  // serpentine: reuse B registers
             mma_f32<T>(acc[mi][ni], f.a[mi], f.b[ni]);
           }
+        if constexpr (kSplitLoads) {
+          const int s_load = (kt + Tr::kStages - 1) % Tr::kStages;
+          typename LoadA::Regs ra;
+          typename LoadB::Regs rb;
+          load_a.fetch(ra, kk, Tr::kKStepsW);
+          load_b.fetch(rb, kk, Tr::kKStepsW);
+          load_a.store(a_tile(s_load), ra, kk, Tr::kKStepsW);
+          load_b.store(b_tile(s_load), rb, kk, Tr::kKStepsW);
+          if (kk == Tr::kKStepsW - 1) {
+            load_a.next();
+            load_b.next();
+          }
+        }
       }
     }
     ptx::cp_async_wait_group<0>();
