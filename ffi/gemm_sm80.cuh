@@ -72,8 +72,7 @@ struct TileLoader {
                 "chunks must divide evenly among threads");
   static_assert(kRowsPerIter % 8 == 0, "every iteration's rows must share one swizzle pattern");
 
-  const T* base;     // the matrix (a valid address for zero-filled chunks)
-  const T* g;        // this thread's chunk, iteration 0, current k tile
+  const T* g;         // this thread's chunk, iteration 0, current k tile
   int64_t iter_step;  // elements between iterations (kRowsPerIter rows)
   int64_t tile_step;  // elements between k tiles
   int rows_left;      // rows of the matrix from this thread's iteration-0 row on (may be <= 0)
@@ -83,7 +82,6 @@ struct TileLoader {
   __device__ __forceinline__ void init(const T* m, int64_t rows, int64_t cols, int64_t ld,
                                        int64_t r0, int64_t c0, int tid) {
     const int r = tid / kCPR, ch = tid % kCPR;
-    base = m;
     g = m + (r0 + r) * ld + c0 + ch * 8;
     iter_step = int64_t(kRowsPerIter) * ld;
     tile_step = K_IN_ROWS ? int64_t(ROWS) * ld : int64_t(COLS);
@@ -307,14 +305,16 @@ __device__ __forceinline__ void sum_k_groups(
     float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, int wk, int wm0,
     int wn0, int lane) {
   using Tr = ConfigTraits<CFG>;
-  float* park = reinterpret_cast<float*>(smem);
-  if (wk > 0) park_acc<CFG>(park + (wk - 1) * Tr::kBM * Tr::kClusterLd, acc, wm0, wn0, lane);
+  auto park = [&](int g) {  // k group g's (>= 1) float32 tile
+    return reinterpret_cast<float*>(smem) + (g - 1) * Tr::kBM * Tr::kClusterLd;
+  };
+  if (wk > 0) park_acc<CFG>(park(wk), acc, wm0, wn0, lane);
   __syncthreads();
   if (wk == 0)
 #pragma unroll
     for (int g = 1; g < Tr::kWarpsK; ++g)
       for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-        const float2 v = *reinterpret_cast<const float2*>(park + (g - 1) * Tr::kBM * Tr::kClusterLd + i);
+        const float2 v = *reinterpret_cast<const float2*>(park(g) + i);
         acc[mi][ni][2 * h] += v.x;
         acc[mi][ni][2 * h + 1] += v.y;
       });
