@@ -35,7 +35,11 @@ __device__ __forceinline__ uint4 ShiftHalves(uint4 lo, uint4 hi, int sh) {
                     __funnelshift_r(w2, w3, bits), __funnelshift_r(w3, w4, bits));
 }
 
-// One thread per 16-byte chunk of a destination row (blockIdx.y: the row). The source is
+// One thread per 16-byte chunk of a destination row. A block's 256 threads cover `width` (a
+// power of two, at least the widest row's chunks up to 256) chunks of 256 / width rows, so
+// narrow rows (e.g. 32 chunks for 250 elements) keep the whole block busy: rows
+// blockIdx.y * rows_per_block + threadIdx.x / width, chunks blockIdx.x * width + threadIdx.x %
+// width. The source is
 // rows x cols contiguous elements, so a chunk's 8 elements are contiguous there too, though not
 // necessarily 16-byte aligned: with a 16-byte aligned base the thread reads the one or two
 // aligned 16-byte segments that hold them (a warp reads one contiguous span) and shifts (by 0
@@ -43,12 +47,15 @@ __device__ __forceinline__ uint4 ShiftHalves(uint4 lo, uint4 hi, int sh) {
 // that would reach past the source's last element) 8 two-byte loads. Elements past the row's
 // end are zeros; chunks wholly past it (ld rounded up to 64 can exceed cols by up to 63) load
 // nothing.
-__global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs) {
+__global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs, int log2_width) {
   const PackJob j = blockIdx.z == 0 ? jobs.job[0] : jobs.job[1];  // no local-memory copy
-  const int64_t c = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * 8;
+  const int width = 1 << log2_width, rows_per_block = kThreads >> log2_width;
+  const int64_t c = (int64_t(blockIdx.x) * width + (threadIdx.x & (width - 1))) * 8;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_block + (threadIdx.x >> log2_width);
+  const int64_t row_step = int64_t(gridDim.y) * rows_per_block;
   if (c >= j.ld) return;
   if (c >= j.cols) {  // padding only
-    for (int64_t r = blockIdx.y; r < j.rows; r += gridDim.y)
+    for (int64_t r = r0; r < j.rows; r += row_step)
       *reinterpret_cast<uint4*>(j.dst + r * j.ld + c) = make_uint4(0, 0, 0, 0);
     return;
   }
@@ -56,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs) {
   const bool vec = (reinterpret_cast<uintptr_t>(j.src) & 15) == 0;
   const auto* seg = reinterpret_cast<const uint4*>(j.src);
   const int64_t total = j.rows * j.cols;
-  for (int64_t r = blockIdx.y; r < j.rows; r += gridDim.y) {
+  for (int64_t r = r0; r < j.rows; r += row_step) {
     const int64_t e = r * j.cols + c;  // first source element of the chunk
     union {
       uint4 v;
@@ -93,10 +100,14 @@ cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
     chunks = std::max(chunks, jobs[i].ld / 8);
     rows = std::max(rows, jobs[i].rows);
   }
-  const dim3 grid(static_cast<unsigned>((chunks + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRowBlocks)),
+  int log2_width = 0;  // chunks per block row: the widest row's, rounded up to a power of two
+  while ((int64_t(1) << log2_width) < chunks && (1 << log2_width) < kThreads) ++log2_width;
+  const int64_t width = int64_t(1) << log2_width, rows_per_block = kThreads / width;
+  const dim3 grid(static_cast<unsigned>((chunks + width - 1) / width),
+                  static_cast<unsigned>(std::clamp<int64_t>(
+                      (rows + rows_per_block - 1) / rows_per_block, 1, kMaxRowBlocks)),
                   static_cast<unsigned>(count));
-  pack_rows_kernel<<<grid, kThreads, 0, stream>>>(js);
+  pack_rows_kernel<<<grid, kThreads, 0, stream>>>(js, log2_width);
   return cudaGetLastError();
 }
 
