@@ -17,7 +17,7 @@ namespace tcgemm {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxRowBlocks = 65535;  // gridDim.y limit; rows past it are looped over
+constexpr int kMaxRowBlocks = 65535;  // gridDim.y limit; row groups past it are looped over
 
 struct PackJobs {
   PackJob job[2];
