@@ -6,8 +6,11 @@ Public API::
     tg.matmul(a, b, *, out_dtype=None)        # jnp.matmul semantics
     tg.dot_general(lhs, rhs, dimension_numbers, precision=None,
                    preferred_element_type=None, *, out_sharding=None)
+    tg.gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None,
+            transpose_a=False, transpose_b=False, out_dtype=None)
+                                              # activation(alpha * a @ b + beta * c + bias)
 """
-from .ops import dot_general, matmul
+from .ops import dot_general, gemm, matmul
 
 __version__ = "0.1.0"
-__all__ = ["matmul", "dot_general", "__version__"]
+__all__ = ["matmul", "dot_general", "gemm", "__version__"]

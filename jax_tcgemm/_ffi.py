@@ -9,7 +9,8 @@ import pathlib
 
 import jax
 
-TARGET = "tcgemm"  # FFI target name (C++: TcgemmHandler in ffi/gemm_ffi.cc)
+TARGET = "tcgemm"  # FFI target names (C++: TcgemmHandler, TcgemmDactHandler in ffi/xla/gemm_ffi.cc)
+DACT_TARGET = "tcgemm_dact"
 
 _HERE = pathlib.Path(__file__).resolve().parent
 try:
@@ -41,6 +42,13 @@ def require() -> None:
 def config_names() -> list[str] | None:
     """Config names compiled into the extension (None if it is not loaded)."""
     return None if _tcgemm is None else list(_tcgemm.config_names())
+
+
+def module():
+    """The extension module (the host planner's rules and the config table), or a
+    RuntimeError saying why it cannot be loaded."""
+    require()
+    return _tcgemm
 
 
 if _tcgemm is not None:

@@ -94,7 +94,7 @@ def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 
     cands: (config, split_k) pairs; default: candidates() for the default device's arch."""
     import jax
     from . import bench
-    from .primitives import tcgemm
+    from .primitive import tcgemm
 
     ta, tb = layout[0] == "T", layout[1] == "T"
     flops = 2 * m * n * k * batch

@@ -1,87 +1,61 @@
-"""Kernel configs: the table of ffi/gemm_config.inc (the one source, also compiled into C++)
-and the choice of a config for a problem."""
+"""The planner: the choice of a config and split for a problem (a cost model of the H100/H200
+class), on the config table the extension reports (ffi/host/gemm_config.inc, compiled into
+C++). The derived rules (names, shared memory, fallback, effective split, packing, workspace)
+are C++'s: asked of the module, never computed here."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-import pathlib
-import re
-
-# One row of the table: TCGEMM_CONFIG(BM, BN, BK, STAGES, WARPS_M, WARPS_N, WARPS_K) (sm80) or
-# TCGEMM_SM90_CONFIG(BM, BN, BK, STAGES, CONSUMERS) (Hopper); group 1 is "SM90" for the latter.
-_ROW = re.compile(r"^\s*TCGEMM_(?:(SM90)_)?CONFIG\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)", re.M)
 
 LAYOUTS = ("NN", "NT", "TN", "TT")  # BLAS letters for (A, B): N = as stored, T = transposed
 
 
-def layout_name(transpose_a: bool, transpose_b: bool) -> str:
-    return ("T" if transpose_a else "N") + ("T" if transpose_b else "N")
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """One row of the config table as the extension reports it (module.cc, config_table): the
+    fields of ffi/host/gemm_config.inc and what C++ derives from them (name, threads, shared
+    memory, sm80 fallback). Nothing here re-derives a C++ rule."""
+    name: str
+    kind: str  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
     bm: int
     bn: int
     bk: int
     stages: int
     warps_m: int  # sm80: warp layout; sm90: 0, 0
     warps_n: int
-    kind: str = "sm80"  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
-    consumers: int = 0  # sm90: consumer warpgroups (beside one producer warpgroup)
-    warps_k: int = 1  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
-
-    @property
-    def name(self) -> str:  # same rule as ConfigName() in ffi/gemm_config.h
-        tile = f"{self.bm}x{self.bn}x{self.bk}_s{self.stages}"
-        if self.kind == "sm90":
-            return f"sm90_{tile}_g{self.consumers}"
-        return (f"sm80_{tile}_w{self.warps_m}x{self.warps_n}"
-                + (f"x{self.warps_k}" if self.warps_k > 1 else ""))
-
-    @property
-    def threads(self) -> int:
-        if self.kind == "sm90":
-            return 128 * (self.consumers + 1)  # producer + consumer warpgroups
-        return 32 * self.warps_m * self.warps_n * self.warps_k
+    warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
+    consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
+    threads: int
+    smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
+    fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
 
 
-def _table_text() -> str:
-    here = pathlib.Path(__file__).resolve().parent
-    for path in (here / "gemm_config.inc", here.parent / "ffi" / "gemm_config.inc"):
-        if path.is_file():
-            return path.read_text()
-    raise FileNotFoundError("jax_tcgemm: gemm_config.inc not found next to the package "
-                            "(installed by CMake) nor in ../ffi (source tree)")
+def _module():
+    from . import _ffi
+    return _ffi._tcgemm
 
 
-def _parse(row: re.Match) -> Config:
-    v = [int(x) for x in row.group(2).split(",")]
-    if row.group(1):  # SM90: BM, BN, BK, STAGES, CONSUMERS
-        bm, bn, bk, stages, consumers = v
-        return Config(bm, bn, bk, stages, 0, 0, "sm90", consumers)
-    bm, bn, bk, stages, warps_m, warps_n, warps_k = v
-    return Config(bm, bn, bk, stages, warps_m, warps_n, warps_k=warps_k)
-
-
-# File order = the C++ config index (kConfigs in ffi/gemm_config.h), sm90 rows included.
-CONFIGS: tuple[Config, ...] = tuple(_parse(m) for m in _ROW.finditer(_table_text()))
+# Table order = the C++ config index (kConfigs in ffi/host/gemm_config.h), sm90 rows included.
+# Empty where the extension is not built (then nothing is planned: the CPU lowering needs no plan).
+CONFIGS: tuple[Config, ...] = (tuple(Config(**r) for r in _module().config_table())
+                               if _module() is not None else ())
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
+MAX_SPLIT_K = _module().max_split_k() if _module() is not None else 64
+MAX_CLUSTER_SPLIT = _module().max_cluster_split() if _module() is not None else 8
+
+
+def layout_name(transpose_a: bool, transpose_b: bool) -> str:
+    return ("T" if transpose_a else "N") + ("T" if transpose_b else "N")
 
 
 def sm80_fallback(c: Config) -> Config:
-    """The config that runs in place of c where c cannot (Sm80Fallback in ffi/gemm_config.h):
-    for an sm90 row on another GPU, or with operands TMA cannot address, the first sm80 row
-    with the same BK (same k tiles, split-K slices and workspace); c itself for sm80 rows."""
-    if c.kind == "sm80":
-        return c
-    for f in CONFIGS:
-        if f.kind == "sm80" and f.bk == c.bk:
-            return f
-    raise ValueError(f"{c.name}: no sm80 row with BK = {c.bk} to fall back to")
+    """The config that runs in place of c where c cannot (Sm80Fallback in C++): for an sm90
+    row on another GPU, or with operands TMA cannot address; c itself for sm80 rows."""
+    return BY_NAME[c.fallback]
 
 
 @functools.cache
@@ -109,7 +83,6 @@ def configs_for(arch: tuple[int, ...] | None) -> tuple[Config, ...]:
 _SMS = 132  # streaming multiprocessors of an H100/H200 SXM
 _REGS_PER_THREAD = 256  # the kernels are built to use up to 255 registers (+1 granule)
 _SMEM_PER_SM = 228 * 1024
-MAX_SPLIT_K = 64  # kMaxSplitK in ffi/gemm_params.h (a CPU test checks they agree)
 _MIN_K_PER_SPLIT = 512  # a K slice shorter than this spends too long in its pipeline prologue
 
 
@@ -118,11 +91,8 @@ def blocks_per_sm(c: Config) -> int:
     use about 192 KB of shared memory: one)."""
     if c.kind == "sm90":
         return 1
-    threads = c.threads
-    smem = max(c.stages * (c.bm + c.bn) * c.bk * 2,  # kSmemBytes in ffi/gemm_config.h:
-               c.warps_m * c.warps_n * 16 * (c.bn // c.warps_n * 4 + 16),  # pipeline, epilogue,
-               max(1, c.warps_k - 1) * c.bm * (c.bn + 4) * 4)  # cluster split-K tile, sliced K
-    return max(1, min(65536 // (threads * _REGS_PER_THREAD), _SMEM_PER_SM // (smem + 1024)))
+    return max(1, min(65536 // (c.threads * _REGS_PER_THREAD),
+                      _SMEM_PER_SM // (c.smem_bytes + 1024)))
 
 
 # Cost model of the selector (H100/H200 SXM class; autotune.py measures instead of guessing).
@@ -138,7 +108,6 @@ _LAUNCH = 3e-6   # s, a second kernel launch (the split-K reduction)
 _DSMEM_BW = 10e12  # bytes/s over all SMs of the cluster split-K reduction (shared memory)
 _CLUSTER_SLICE = 4e-6  # s, each slice past the first of a cluster split-K (prologue, barriers)
 _SLICE_ADD_BW = 100e9  # bytes/s at which the leader block adds one slice's float32 tile
-MAX_CLUSTER_SPLIT = 8  # kMaxClusterSplit in ffi/gemm_params.h: up to here, no workspace pass
 # Thread block clusters resident at once, by (blocks per SM, cluster size): H100 SXM,
 # cudaOccupancyMaxActiveClusters (tools/kernel_selftest.cu --clusters). Clusters of 4 or 8
 # do not tile every GPC: with one block per SM they use 120 of the 132 SMs.
@@ -221,14 +190,11 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
 
 
 def effective_split(c: Config, k: int, split_k: int) -> int:
-    """K slices that actually run for split_k requested ones (EffectiveSplitK in
-    ffi/gemm_dispatch.cc): no slice is left empty."""
-    kt = max(1, math.ceil(k / c.bk))
-    per = max(1, math.ceil(kt / max(split_k, 1)))
-    return max(1, math.ceil(kt / per))
+    """K slices that actually run for split_k requested ones (EffectiveSplitK in C++)."""
+    return _module().effective_split(c.name, k, split_k)
 
 
-# Packing (ffi/gemm_pack.cu): a product that packs (should_pack: the `pack` attribute of the
+# Packing (ffi/kernels/aux/pack.cu): a product that packs (should_pack: the `pack` attribute of the
 # call) copies every operand whose rows need_pack into padded rows in the workspace before the
 # GEMM, so that the 16-byte cp.async / TMA path streams it from rows at a fast pitch.
 # Rows that are not 16-byte multiples: below this many FLOP the extra launch and copy are not
@@ -245,10 +211,8 @@ PITCH_PACK_MIN_FLOP = 2**30
 
 def needs_pack(cols: int) -> bool:
     """Whether a product that packs copies an operand whose rows have `cols` contiguous
-    elements: rows that are not 16-byte multiples (cols % 8 != 0), and rows of 512 or more
-    that are not 32-byte multiples (cols % 16 != 0). Same rule as NeedsPack in
-    ffi/gemm_dispatch.h (PlanWorkspace)."""
-    return cols % 8 != 0 or (cols >= 512 and cols % 16 != 0)
+    elements (NeedsPack in C++)."""
+    return _module().needs_pack(cols)
 
 
 def _row_lengths(m: int, n: int, k: int, transpose_a: bool, transpose_b: bool
@@ -283,28 +247,17 @@ def tma_addressable(m: int, n: int, k: int, batch: int = 1, transpose_a: bool = 
 
 
 def packed_ld(cols: int) -> int:
-    """Row length of a packed copy of rows of `cols` elements: a multiple of 8 (16 bytes, for
-    cp.async and TMA), of 64 (128 bytes: TMA streams rows that start mid-line ~15% slower) once
-    that adds at most 1/8. Same rule as PlanWorkspace in ffi/gemm_dispatch.cc."""
-    align = 64 if cols >= 512 else 8
-    return (cols + align - 1) // align * align
+    """Row length of a packed copy of rows of `cols` elements (PackedLd in C++)."""
+    return _module().packed_ld(cols)
 
 
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
                      transpose_a: bool, transpose_b: bool, config: str, split_k: int,
                      pack: bool) -> int:
-    """float32 workspace of one call: split-K partials, then (with `pack`) copies of the operands
-    whose rows need_pack (rows padded to packed_ld elements); PlanWorkspace in
-    ffi/gemm_dispatch.cc (a CPU test compares)."""
-    s = effective_split(BY_NAME[config], k, split_k)
-    total = (s * batch * m * n + 31) // 32 * 32 if s > 1 else 0  # packed copies 128-B aligned
-    contig_a, contig_b = _row_lengths(m, n, k, transpose_a, transpose_b)
-    for contig, outer, shared in ((contig_a, k if transpose_a else m, a_shared),
-                                  (contig_b, n if transpose_b else k, b_shared)):
-        rows = (1 if shared else batch) * outer
-        if pack and needs_pack(contig) and rows > 0:
-            total += rows * packed_ld(contig) // 2
-    return total
+    """float32 workspace of one call: split-K partials, then (with `pack`) the packed operand
+    copies (PlanWorkspace in C++, which the handler checks the workspace against)."""
+    return _module().workspace_floats(m, n, k, batch, a_shared, b_shared, transpose_a,
+                                      transpose_b, config, split_k, pack)
 
 
 def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
@@ -398,3 +351,17 @@ def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
     competes() allows, where there are any)."""
     cands = [s for s in splits(c, k, m) if competes(c, s, m, n, k, batch)] or [1]
     return min(cands, key=lambda s: (*estimate(c, s, m, n, k, batch), s))
+
+
+def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):
+    """(config, split_k) for a product lowered for the default device: measured by the
+    autotuner when it is on (imported only then), else plan()'s cost model."""
+    import os
+    import sys
+    tuner = sys.modules.get(__package__ + ".autotune")
+    on = os.environ.get("JAX_TCGEMM_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
+    if on or (tuner is not None and tuner.enabled()):
+        from . import autotune
+        if autotune.enabled():
+            return autotune.plan(m, n, k, batch, dtype, layout)
+    return plan(m, n, k, batch, dtype, layout, device_arch())

@@ -1,4 +1,4 @@
-"""Public entry points: argument checks and normalisation onto tcgemm_p.
+"""Public entry points: argument checks and normalisation onto the primitives.
 
 Supported by the kernels: both operands float16 or both bfloat16; output float16, bfloat16 or
 float32; accumulation always float32. Other dtypes (float32, float64, integers, complex, mixed
@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .primitives import IN_DTYPES, OUT_DTYPES, tcgemm
+from .primitive import tcgemm
+from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES
 
 
 def _as_array(x, name):
@@ -181,3 +182,98 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out
+
+
+def _scalar(x, name):
+    """A static Python float, or a float32 scalar array (traced or concrete)."""
+    if isinstance(x, (bool, int, float, np.floating, np.integer)) and not isinstance(x, np.ndarray):
+        return float(x), None
+    x = _as_array(x, name)
+    if x.shape != ():
+        raise ValueError(f"jax_tcgemm.gemm: {name} must be a scalar; got shape {x.shape}")
+    return None, x.astype(jnp.float32)
+
+
+def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, transpose_a=False,
+         transpose_b=False, out_dtype=None, precision=None, overwrite_c=False):
+    """D = activation(alpha * op(a) @ op(b) + beta * c + bias) in one fused kernel launch.
+
+    a: (..., M, K), or (..., K, M) with transpose_a; b: (..., K, N), or (..., N, K) with
+    transpose_b; both float16 or both bfloat16; leading batch dims broadcast as in matmul.
+    c: out_dtype or float32, broadcastable to the result (..., M, N): full, per-row (M, 1),
+    per-column (N,), with or without batch dims. bias: (N,), added in float32. activation:
+    None, "relu", "gelu" (erf), "gelu_tanh" or "silu". alpha, beta: Python numbers or float32
+    scalars (traced values allowed). Everything is computed in float32 from the accumulator
+    and rounded once to out_dtype (default: the operands' dtype). `precision` is accepted as
+    in lax (float16/bfloat16 products are exact in the float32 accumulator). overwrite_c: the
+    result may take c's buffer when c has its shape and dtype, so that a c donated to the
+    enclosing jit is updated in place (no second M x N buffer); without donation XLA copies c.
+    """
+    del precision
+    a, b = _as_array(a, "a"), _as_array(b, "b")
+    desc = f"a{a.shape} {a.dtype}, b{b.shape} {b.dtype}"
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"jax_tcgemm.gemm: a and b must have rank >= 2; got {desc}")
+    if a.dtype != b.dtype or np.dtype(a.dtype) not in IN_DTYPES:
+        raise TypeError(f"jax_tcgemm.gemm: a and b must both be float16 or both bfloat16; got "
+                        f"{desc}")
+    if activation is not None and activation not in ACTIVATIONS[1:]:
+        raise ValueError(f"jax_tcgemm.gemm: unknown activation {activation!r}; use None or one "
+                         f"of {ACTIVATIONS[1:]}")
+    out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
+    m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
+    kb, n = (b.shape[-1], b.shape[-2]) if transpose_b else (b.shape[-2], b.shape[-1])
+    if k != kb:
+        raise ValueError(f"jax_tcgemm.gemm: contracting dimensions differ (K = {k} vs {kb}): "
+                         f"{desc}, transpose_a={transpose_a}, transpose_b={transpose_b}")
+    try:
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"jax_tcgemm.gemm: batch dimensions do not broadcast: {desc}") from None
+    out_shape = batch + (m, n)
+    bsz = math.prod(batch)
+
+    def to3(x):  # batch-1 operands stay shared (stride 0); others broadcast to the batch
+        if math.prod(x.shape[:-2]) == 1:
+            return x.reshape((1,) + x.shape[-2:])
+        if tuple(x.shape[:-2]) != batch:
+            x = jnp.broadcast_to(x, batch + x.shape[-2:])
+        return x.reshape((bsz,) + x.shape[-2:])
+
+    c3 = None
+    if c is not None:
+        c = _as_array(c, "c")
+        if np.dtype(c.dtype) not in (out_dtype, np.dtype(np.float32)):
+            raise TypeError(f"jax_tcgemm.gemm: c must be of out_dtype ({out_dtype}) or float32; "
+                            f"got {c.dtype}")
+        try:
+            if np.broadcast_shapes(c.shape, out_shape) != out_shape:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"jax_tcgemm.gemm: c{c.shape} does not broadcast to the result "
+                             f"{out_shape} ({desc})") from None
+        cf = c.reshape((1,) * (len(out_shape) - c.ndim) + c.shape)
+        cb = cf.shape[:-2]
+        if math.prod(cb) != 1 and cb != batch:  # partly broadcast batch: materialised
+            cf = jnp.broadcast_to(cf, batch + cf.shape[-2:])
+        c3 = cf.reshape((1 if math.prod(cf.shape[:-2]) == 1 else bsz,) + cf.shape[-2:])
+    bias2 = None
+    if bias is not None:
+        bias = _as_array(bias, "bias")
+        if bias.shape != (n,):
+            raise ValueError(f"jax_tcgemm.gemm: bias must have shape ({n},) (N); got "
+                             f"{bias.shape} {bias.dtype} ({desc})")
+        if not jnp.issubdtype(bias.dtype, jnp.floating):
+            raise TypeError(f"jax_tcgemm.gemm: bias must be floating; got {bias.dtype}")
+        bias2 = bias.astype(jnp.float32).reshape(1, n)
+    al, al_arr = _scalar(alpha, "alpha")
+    be, be_arr = _scalar(beta, "beta")
+    scale = None
+    if al_arr is not None or be_arr is not None:
+        scale = jnp.stack([jnp.float32(al) if al_arr is None else al_arr,
+                           jnp.float32(be) if be_arr is None else be_arr])
+        al, be = 1.0, 0.0
+    out = tcgemm(to3(a), to3(b), c3, bias2, scale, transpose_a=transpose_a,
+                 transpose_b=transpose_b, out_dtype=out_dtype, alpha=al, beta=be,
+                 activation=activation, overwrite_c=overwrite_c)
+    return out.reshape(out_shape)

@@ -29,7 +29,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .primitives import _dims, tcgemm, tcgemm_p
+from .primitive import tcgemm, tcgemm_p
+from .problem import dims as _dims, has_epilogue
 
 
 def _mesh_of(ctx):
@@ -81,10 +82,11 @@ def _partitioning_context(ctx):
 def partitioned(direct_lowering):
     """A tcgemm_p lowering rule: through custom_partitioning when jit partitions the module
     over several devices (see `_partitioning_context`), else `direct_lowering`."""
-    def lowering(ctx, a, b, **params):
+    def lowering(ctx, *args, **params):
         pctx = _partitioning_context(ctx)
-        if pctx is None:
-            return direct_lowering(ctx, a, b, **params)
+        if pctx is None or has_epilogue(params) or params["has_scale"]:  # TODO(epilogue rule)
+            return direct_lowering(ctx, *args, **params)
+        a, b = args
         a_aval, b_aval = ctx.avals_in
         ta, tb = params["transpose_a"], params["transpose_b"]
         bt = _dims(a_aval.shape, b_aval.shape, ta, tb)[0]
@@ -93,13 +95,13 @@ def partitioned(direct_lowering):
 
         def fun(x, y):  # the op custom_partitioning stands for (its unpartitioned semantics)
             return _partitioned(x, y, ta, tb, np.dtype(params["out_dtype"]), *shared, static)
-        return mlir.lower_fun(fun, multiple_results=False)(pctx, a, b)
+        return mlir.lower_fun(lambda x, y: [fun(x, y)], multiple_results=True)(pctx, a, b)
     return lowering
 
 
 def _bind(a, b, transpose_a, transpose_b, out_dtype, a_shared, b_shared, params):
     del transpose_a, transpose_b, out_dtype, a_shared, b_shared  # also in params
-    return tcgemm_p.bind(a, b, **dict(params))
+    return tcgemm_p.bind(a, b, **dict(params))[0]
 
 
 _STATIC = (2, 3, 4, 5, 6, 7)  # transpose_a, transpose_b, out_dtype, a_shared, b_shared, params

@@ -1,4 +1,4 @@
-"""Operand packing (ffi/gemm_pack.cu): an operand whose rows are not 16-byte multiples, or are
+"""Operand packing (ffi/kernels/aux/pack.cu): an operand whose rows are not 16-byte multiples, or are
 long (>= 512 elements) and not 32-byte multiples, is copied into padded rows in the workspace,
 and the 16-byte cp.async / TMA kernel path runs on the copy (configs.needs_pack).
 

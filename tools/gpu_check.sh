@@ -32,10 +32,10 @@ if [ "${SKIP_SELFTEST:-0}" != 1 ]; then
   echo "== kernel self-test"
   F="-std=c++17 -O3 -arch=sm_90 -I$REPO/ffi"
   mkdir -p /tmp/st && (cd /tmp/st &&
-    nvcc $F -c "$REPO/ffi/gemm_kernels_f16.cu" -o a.o & nvcc $F -c "$REPO/ffi/gemm_kernels_bf16.cu" -o /tmp/st/b.o &
-    nvcc $F -c "$REPO/ffi/gemm_reduce.cu" -o /tmp/st/e.o & nvcc $F -c "$REPO/ffi/gemm_pack.cu" -o /tmp/st/f.o &
-    nvcc $F -x cu -c "$REPO/ffi/gemm_dispatch.cc" -o /tmp/st/c.o & nvcc $F -c "$REPO/tools/kernel_selftest.cu" -o /tmp/st/d.o &
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$REPO/ffi -c "$REPO/ffi/gemm_kernels_sm90.cu" -o /tmp/st/g.o &
+    nvcc $F -c "$REPO/ffi/kernels/sm80/kernels_f16.cu" -o a.o & nvcc $F -c "$REPO/ffi/kernels/sm80/kernels_bf16.cu" -o /tmp/st/b.o &
+    nvcc $F -c "$REPO/ffi/kernels/aux/reduce.cu" -o /tmp/st/e.o & nvcc $F -c "$REPO/ffi/kernels/aux/pack.cu" -o /tmp/st/f.o &
+    nvcc $F -x cu -c "$REPO/ffi/host/gemm_dispatch.cc" -o /tmp/st/c.o & nvcc $F -c "$REPO/tools/kernel_selftest.cu" -o /tmp/st/d.o &
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$REPO/ffi -c "$REPO/ffi/kernels/sm90/kernels_sm90.cu" -o /tmp/st/g.o &
     wait) &&
     nvcc -arch=sm_90 /tmp/st/*.o -o /tmp/st/selftest && /tmp/st/selftest 2>&1 | tee "$OUT/selftest.log" || status=1
 fi

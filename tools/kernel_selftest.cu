@@ -2,10 +2,10 @@
 // on aligned and unaligned shapes against a float64 host reference, then the time of large
 // square products. Build and run (on the GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Iffi -c \
-//        ffi/gemm_kernels_sm90.cu -o /tmp/sm90.o
+//        ffi/kernels/sm90/kernels_sm90.cu -o /tmp/sm90.o
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Iffi --threads 0 /tmp/sm90.o tools/kernel_selftest.cu \
-//        ffi/gemm_dispatch.cc ffi/gemm_kernels_f16.cu ffi/gemm_kernels_bf16.cu \
-//        ffi/gemm_reduce.cu ffi/gemm_pack.cu -o /tmp/selftest
+//        ffi/host/gemm_dispatch.cc ffi/kernels/sm80/kernels_f16.cu ffi/kernels/sm80/kernels_bf16.cu \
+//        ffi/kernels/aux/reduce.cu ffi/kernels/aux/pack.cu -o /tmp/selftest
 //   (no -x cu: it would apply to sm90.o as well; tools/sanitize.sh builds the same objects)
 //   /tmp/selftest              # full case list, then timings
 //   /tmp/selftest --timings    # the timings only
@@ -30,8 +30,8 @@
 #include <random>
 #include <vector>
 
-#include "gemm_config.h"
-#include "gemm_dispatch.h"
+#include "host/gemm_config.h"
+#include "host/gemm_dispatch.h"
 
 using namespace tcgemm;
 

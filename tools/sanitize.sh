@@ -58,7 +58,7 @@ if [ -z "${TCGEMM_ARCH:-}" ]; then
 fi
 F=(-std=c++17 -O3 -lineinfo "-arch=$TCGEMM_ARCH" "-I$REPO/ffi")
 echo "== build ($TCGEMM_ARCH)"
-srcs=("$REPO"/ffi/*.cu "$REPO/ffi/gemm_dispatch.cc" "$REPO/tools/kernel_selftest.cu")
+srcs=("$REPO"/ffi/kernels/*/*.cu "$REPO/ffi/host/gemm_dispatch.cc" "$REPO/tools/kernel_selftest.cu")
 [ "$(cat "$BUILD/arch" 2>/dev/null)" = "$TCGEMM_ARCH" ] || rm -f "$BUILD"/*.o
 echo "$TCGEMM_ARCH" >"$BUILD/arch"
 for o in "$BUILD"/*.o; do  # objects of sources that no longer exist
@@ -72,7 +72,7 @@ for src in "${srcs[@]}"; do
   # rebuilt when missing or older than the source or anything under ffi/ (headers)
   if [ -e "$obj" ] && [ -z "$(find "$REPO/ffi" "$src" -newer "$obj" -print -quit)" ]; then continue; fi
   flags=("${F[@]}")  # the wgmma kernels exist only for sm_90a (elsewhere never launched)
-  if [ "$(basename "$src")" = gemm_kernels_sm90.cu ] && [ "$TCGEMM_ARCH" = sm_90 ]; then
+  if [ "$(basename "$src")" = kernels_sm90.cu ] && [ "$TCGEMM_ARCH" = sm_90 ]; then
     flags=(-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a "-I$REPO/ffi")
   fi
   (nvcc "${flags[@]}" -x cu -c "$src" -o "$obj" >"$BUILD/$(basename "$src").log" 2>&1 || { rm -f "$obj"; exit 1; }) &

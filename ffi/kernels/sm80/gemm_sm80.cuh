@@ -1,4 +1,4 @@
-// The mma.sync GEMM kernel template (sm_80+):  C[z] = A[z] · B[z]  for z < batch.
+// The mma.sync GEMM kernel template (sm_80+):  D[z] = epilogue(A[z] · B[z])  for z < batch.
 //
 // One loop per layer:
 //   kernel       : batch loop (grid z), K slice of split-K (grid y), threadblock rasterization
@@ -8,7 +8,8 @@
 //                  sliced K (kWarpsK > 1) each k group of warps takes its share of every stage's
 //                  k16 steps, and the groups sum in shared memory after the loop (sum_k_groups)
 //   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
-//   epilogue     : per-warp float32 staging in shared memory, coalesced row stores (store_tile)
+//   epilogue     : per-warp float32 staging in shared memory, coalesced row stores through the
+//                  common epilogue (kernels/common/epilogue.cuh; store_tile)
 //
 // Operands are "K-major" (K contiguous: A untransposed, B transposed) or "MN-major" (M or N
 // contiguous: A transposed, B untransposed). Shared tiles keep the global orientation, so no
@@ -24,9 +25,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gemm_config.h"
-#include "gemm_convert.cuh"
-#include "gemm_params.h"
+#include "host/gemm_config.h"
+#include "kernels/common/element.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "host/gemm_params.h"
 #include "ptx/cluster.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
@@ -201,55 +203,50 @@ struct WarpFragments {
   }
 };
 
-// Writes four float32 values to dst[0..3] as Out: one 8- or 16-byte store when N % 4 == 0
-// (then every quad is aligned), else element by element up to the `cols_left` left in the row.
-template <typename Out>
-__device__ __forceinline__ void store_quad(const GemmParams& p, Out* dst, int cols_left, float4 v) {
-  if (p.n % 4 == 0) {
-    if constexpr (std::is_same_v<Out, float>) {
-      *reinterpret_cast<float4*>(dst) = v;
-    } else {
-      struct alignas(8) Out4 { Out x[4]; } o{{convert<Out>(v.x), convert<Out>(v.y),
-                                              convert<Out>(v.z), convert<Out>(v.w)}};
-      *reinterpret_cast<Out4*>(dst) = o;
-    }
-  } else {
-    const float e[4] = {v.x, v.y, v.z, v.w};
-    for (int j = 0; j < 4 && j < cols_left; ++j) dst[j] = convert<Out>(e[j]);
-  }
-}
-
-// Copies 16 staged float32 rows of a warp tile to C as Out, one 16-byte shared read and one
-// store_quad per lane and step. Lane l always takes quad column l % kQuads and rows l / kQuads
-// + i * kRowStep: `dst` is C at its first row and quad, `rows_left`/`cols_left` are the rows
-// and columns of C from there on (<= 0: outside C).
-template <int WN, int ROW_BYTES, typename Out>
-__device__ __forceinline__ void copy_rows(const GemmParams& p, Out* dst, const char* stage,
-                                          int rows_left, int cols_left, int lane) {
+// Copies 16 staged float32 rows of a warp tile out, one 16-byte shared read per lane and step:
+// through the epilogue into D (PARTIAL: raw to the split-K partials at `partial`). Lane l
+// always takes quad column l % kQuads and rows l / kQuads + i * kRowStep: `off` is the output
+// element offset of its first quad (row r, column c of batch item z), `rows_left`/`cols_left`
+// the rows and columns of the output from there on (<= 0: outside it).
+template <int WN, int ROW_BYTES, typename Out, bool PARTIAL>
+__device__ __forceinline__ void copy_rows(const GemmParams& p, EpiScale s, float* partial,
+                                          int64_t off, int64_t z, int64_t r, int64_t c,
+                                          const char* stage, int rows_left, int cols_left,
+                                          int lane) {
   constexpr int kQuads = WN / 4;  // 4-float groups per row
   static_assert(32 % kQuads == 0, "a lane keeps its quad column");
   constexpr int kRowStep = 32 / kQuads;
   const char* src = stage + (lane / kQuads) * ROW_BYTES + (lane % kQuads) * 16;
-#pragma unroll
-  for (int i = 0; i < 16 / kRowStep; ++i, dst += kRowStep * p.n) {
-    if (i * kRowStep < rows_left && cols_left > 0)
-      store_quad(p, dst, cols_left, *reinterpret_cast<const float4*>(src + i * kRowStep * ROW_BYTES));
+  const bool vec = p.n % 4 == 0;  // then every quad is aligned and inside its row
+  // Not unrolled: the epilogue's code (C loads, activations) once per staged block, not once
+  // per row step (ptxas time and instruction cache).
+#pragma unroll 1
+  for (int i = 0; i < 16 / kRowStep; ++i, off += kRowStep * p.n) {
+    if (i * kRowStep < rows_left && cols_left > 0) {
+      const float4 q = *reinterpret_cast<const float4*>(src + i * kRowStep * ROW_BYTES);
+      float v[4] = {q.x, q.y, q.z, q.w};
+      if constexpr (PARTIAL) store_vec<float, 4>(partial + off, v, cols_left, vec);
+      else epi_store<Out, 4>(p, s, z, r + i * kRowStep, c, v, off, cols_left, vec);
+    }
   }
 }
 
-// Epilogue: the warp stages its accumulators 16 rows at a time as float32 in its private
-// shared area, then copies them out row by row (coalesced), converting to the output type.
+// Epilogue of a warp tile: the warp stages its accumulators 16 rows at a time as float32 in its
+// private shared area, then copies them out row by row (coalesced): through the epilogue into
+// D, or (split-K through the workspace, p.partial set) raw into slice `slice`'s partials.
 template <int CFG>
-__device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
+__device__ __forceinline__ void store_tile(const GemmParams& p, int slice, int64_t z,
                                            float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
                                            char* stage, int64_t row0, int64_t col0, int lane) {
   using Tr = ConfigTraits<CFG>;
   constexpr int kQuads = Tr::kWN / 4;
   const int g = lane >> 2, q = lane & 3;
   const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
-  int64_t off = c_off + r * p.n + c;  // element offset of the lane's first quad in C
+  const int64_t item = p.partial ? int64_t(slice) * p.batch + z : z;
+  int64_t off = item * p.m * p.n + r * p.n + c;  // output element offset of the lane's first quad
   int rows_left = static_cast<int>(p.m - r);
   const int cols_left = static_cast<int>(p.n - c);
+  const EpiScale s = epi_scale(p);
 #pragma unroll
   for (int mi = 0; mi < Tr::kMI; ++mi) {
 #pragma unroll
@@ -259,11 +256,15 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int64_t c_off,
         *reinterpret_cast<float2*>(stage + (g + 8 * h) * Tr::kEpiRowBytes + (ni * 8 + 2 * q) * 4) =
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     __syncwarp();
-    with_out_type(p.out_type, [&](auto out) {
-      using Out = decltype(out);
-      copy_rows<Tr::kWN, Tr::kEpiRowBytes>(p, static_cast<Out*>(p.c) + off, stage, rows_left,
-                                           cols_left, lane);
-    });
+    if (p.partial) {
+      copy_rows<Tr::kWN, Tr::kEpiRowBytes, float, true>(p, s, p.partial, off, z, r + 16 * mi, c,
+                                                         stage, rows_left, cols_left, lane);
+    } else {
+      with_dtype(p.d_type, [&](auto out) {
+        copy_rows<Tr::kWN, Tr::kEpiRowBytes, decltype(out), false>(
+            p, s, nullptr, off, z, r + 16 * mi, c, stage, rows_left, cols_left, lane);
+      });
+    }
     __syncwarp();
     off += 16 * p.n;
     rows_left -= 16;
@@ -331,7 +332,7 @@ __device__ __forceinline__ void sum_k_groups(
 // thread's warp holds the block's sums (sliced K: k group 0); every thread takes part.
 template <int CFG>
 __device__ __forceinline__ void cluster_reduce_store(
-    const GemmParams& p, int64_t c_off, float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
+    const GemmParams& p, int64_t z, float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
     char* smem, int64_t m0, int64_t n0, bool holds, int wm0, int wn0, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Tr = ConfigTraits<CFG>;
@@ -343,6 +344,8 @@ __device__ __forceinline__ void cluster_reduce_store(
   const int rank = static_cast<int>(cluster.block_rank());
   const int slices = static_cast<int>(cluster.num_blocks());
   constexpr int kQuads = Tr::kBN / 4;
+  const EpiScale es = epi_scale(p);
+  const bool vec = p.n % 4 == 0;
   for (int idx = tid;; idx += Tr::kThreads) {
     const int row = rank + (idx / kQuads) * slices, qd = idx % kQuads;
     if (row >= Tr::kBM) break;
@@ -354,9 +357,10 @@ __device__ __forceinline__ void cluster_reduce_store(
           cluster.map_shared_rank(tile + row * kLd + qd * 4, s));
       sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
     }
-    with_out_type(p.out_type, [&](auto out) {
-      store_quad(p, static_cast<decltype(out)*>(p.c) + c_off + gr * p.n + gc,
-                 static_cast<int>(p.n - gc), sum);
+    float v[4] = {sum.x, sum.y, sum.z, sum.w};
+    with_dtype(p.d_type, [&](auto out) {
+      epi_store<decltype(out), 4>(p, es, z, gr, gc, v, (z * p.m + gr) * p.n + gc,
+                                  static_cast<int>(p.n - gc), vec);
     });
   }
   cluster.sync();
@@ -549,14 +553,13 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
       if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane))
-        store_tile<CFG>(p, z * p.m * p.n, acc, smem + wmn * 16 * Tr::kEpiRowBytes, m0 + wm0,
-                        n0 + wn0, lane);
+        store_tile<CFG>(p, 0, z, acc, smem + wmn * 16 * Tr::kEpiRowBytes, m0 + wm0, n0 + wn0,
+                        lane);
     } else if (p.cluster_reduce) {
-      cluster_reduce_store<CFG>(p, z * p.m * p.n, acc, smem, m0, n0, holds, wm0, wn0, tid);
+      cluster_reduce_store<CFG>(p, z, acc, smem, m0, n0, holds, wm0, wn0, tid);
     } else if (holds) {
       char* stage = smem + wmn * 16 * Tr::kEpiRowBytes;  // this warp's staging rows
-      store_tile<CFG>(p, (int64_t(split) * p.batch + z) * p.m * p.n, acc, stage, m0 + wm0,
-                      n0 + wn0, lane);
+      store_tile<CFG>(p, split, z, acc, stage, m0 + wm0, n0 + wn0, lane);
     }
     __syncthreads();  // staging area is the next batch item's pipeline
   }

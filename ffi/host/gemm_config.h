@@ -92,7 +92,8 @@ struct ConfigTraits {
   static constexpr int kNI = kWN / 8;        // n8 mma tiles per warp
   static constexpr int kKSteps = kBK / 16;   // k16 mma steps per stage
   static constexpr int kKStepsW = kKSteps / kWarpsK;  // of them, per warp (its k group's)
-  static constexpr int kElem = 2;            // bytes per input element (f16/bf16)
+  static constexpr int kElem = 2;            // bytes per operand element: the sm80 rows are
+                                             // built for 16-bit operands (mma m16n8k16)
   static constexpr int kStageBytes = (kBM * kBK + kBK * kBN) * kElem;
   static constexpr int kPipeBytes = kStages * kStageBytes;
   // Epilogue: each warp of k group 0 stages 16 rows of its tile as float32 (the widest

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "gemm_dispatch.h"
+#include "host/gemm_dispatch.h"
 
 namespace tcgemm {
 namespace {

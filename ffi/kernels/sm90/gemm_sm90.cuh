@@ -1,5 +1,5 @@
 // The Hopper GEMM kernel template (compute capability 9.0, built for sm_90a):
-// C[z] = A[z] · B[z] for z < batch, as a persistent, warp-specialized pipeline.
+// D[z] = epilogue(A[z] · B[z]) for z < batch, as a persistent, warp-specialized pipeline.
 //
 //   grid         : one block per SM; each walks the work list (output tile x batch item x K
 //                  slice) with stride gridDim.x, grouped rasterization for L2 reuse
@@ -16,8 +16,8 @@
 //                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
 //                  of 64 k rows, one box per 64 of M or N
 //
-// Split-K slices write float32 partials to the workspace (the dispatcher points p.c there and
-// launches the reduction), as the sm80 kernel's workspace path does; a batch item whose stride
+// Split-K slices write raw float32 partials to the workspace (p.partial; the dispatcher launches
+// the reduction, which runs the epilogue), as the sm80 kernel's workspace path does; a batch item whose stride
 // is 0 reads item 0. The producer moves on to the next work item while the consumers store the
 // previous one, so prologue and epilogue overlap the neighbouring tiles' main loops.
 #pragma once
@@ -28,9 +28,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gemm_config.h"
-#include "gemm_convert.cuh"
-#include "gemm_params.h"
+#include "host/gemm_config.h"
+#include "kernels/common/element.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "host/gemm_params.h"
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -112,19 +113,42 @@ __device__ __forceinline__ void put_pair(char* dst, float v0, float v1) {
   }
 }
 
-// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh) to C, one panel
-// at a time through its staging panel `epi`: the warpgroup writes the panel, then stores whole
+// The epilogue's first part on a consumer warpgroup's 64 x BN accumulators of batch item z
+// (rows row0.., columns col0..; thread layout in ptx/wgmma.cuh): alpha, beta * C and bias, in
+// place, so that they hold the pre-activation values. Rows past M are left alone.
+template <int BN>
+__device__ __forceinline__ void pre_block(const GemmParams& p, float (&acc)[BN / 2], int64_t z,
+                                          int64_t row0, int64_t col0, int t) {
+  const EpiScale s = epi_scale(p);
+  const int lane = t & 31, warp = t >> 5;
+  const int64_t r = row0 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int64_t col = col0 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (r + 8 * h >= p.m) continue;
+      float v[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
+      epi_pre<2>(p, s, z, r + 8 * h, col, v);
+      acc[4 * j + 2 * h] = v[0];
+      acc[4 * j + 2 * h + 1] = v[1];
+    }
+  }
+}
+
+// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh) to the M x N
+// matrix at `out` (D or aux of one batch item, or a split-K slice's partials), converted to Out
+// (ACT: after the epilogue's activation), one panel at a time through its staging panel `epi`: the warpgroup writes the panel, then stores whole
 // rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
 // are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
 // elements). Nothing past M or N is written. `bar`: the warpgroup's named barrier.
-template <typename Out, int BN>
-__device__ __forceinline__ void store_block(const GemmParams& p, int64_t c_off,
-                                            const float (&acc)[BN / 2], int64_t row0,
-                                            int64_t col0, int t, char* epi, uint32_t bar) {
+template <typename Out, int BN, bool ACT>
+__device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const float (&acc)[BN / 2],
+                                            int64_t row0, int64_t col0, int t, char* epi,
+                                            uint32_t bar) {
   constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
   constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
   static_assert(BN % kCols == 0, "whole panels");
-  Out* c = static_cast<Out*>(p.c) + c_off;
   const int lane = t & 31, warp = t >> 5;
   const int r = warp * 16 + (lane >> 2);  // this thread's accumulator rows: r and r + 8
   const bool vec = (p.n * int64_t(sizeof(Out))) % 16 == 0 &&
@@ -136,8 +160,10 @@ __device__ __forceinline__ void store_block(const GemmParams& p, int64_t c_off,
     for (int jj = 0; jj < kCols / 8; ++jj) {
       const int j = panel * (kCols / 8) + jj;
       const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-      put_pair<Out>(epi + epi_offset<Out>(r, byte), acc[4 * j], acc[4 * j + 1]);
-      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
+      float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+      if constexpr (ACT) epi_act<4>(p, v);
+      put_pair<Out>(epi + epi_offset<Out>(r, byte), v[0], v[1]);
+      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), v[2], v[3]);
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
     const int64_t pc = col0 + panel * kCols;
@@ -302,12 +328,24 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
 
-    const int64_t c_off = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
       const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
-      with_out_type(p.out_type, [&](auto out) {
-        store_block<decltype(out), Tr::kBN>(p, c_off, acc[mb], row0, wk.n0, t, epi, 1 + cw);
+      if (p.partial) {  // split-K through the workspace: raw float32, the reduction finishes
+        store_block<float, Tr::kBN, false>(
+            p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], row0,
+            wk.n0, t, epi, 1 + cw);
+        continue;
+      }
+      pre_block<Tr::kBN>(p, acc[mb], wk.z, row0, wk.n0, t);
+      with_dtype(p.d_type, [&](auto out) {
+        using Out = decltype(out);
+        const int64_t item = wk.z * p.m * p.n;
+        if (p.epi.aux)
+          store_block<Out, Tr::kBN, false>(p, static_cast<Out*>(p.epi.aux) + item, acc[mb], row0,
+                                           wk.n0, t, epi, 1 + cw);
+        store_block<Out, Tr::kBN, true>(p, static_cast<Out*>(p.d) + item, acc[mb], row0, wk.n0,
+                                        t, epi, 1 + cw);
       });
     }
   }

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <type_traits>
 #include <utility>
 
-#include "gemm_dispatch.h"
-#include "gemm_sm90.cuh"
+#include "host/gemm_dispatch.h"
+#include "kernels/common/element.cuh"
+#include "kernels/sm90/gemm_sm90.cuh"
 
 namespace tcgemm {
 namespace {
@@ -34,17 +36,20 @@ Encode EncodeFn() {
 // 3-D map of an operand stored as `items` matrices of rows x cols (cols contiguous, rows `ld`
 // elements apart, items `item_stride` apart), read in boxes of 64 columns x box_rows rows with
 // the 128-byte swizzle. Reads outside the matrix return zeros.
+template <typename T>
 std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
                           int64_t items, int64_t ld, int64_t item_stride, int box_rows) {
+  constexpr int kBytes = ElemTraits<T>::kBytes;
   const Encode encode = EncodeFn();
   if (!encode) return "cuTensorMapEncodeTiled is not available from the CUDA driver";
   const cuuint64_t dims[3] = {cuuint64_t(std::max<int64_t>(cols, 1)),
                               cuuint64_t(std::max<int64_t>(rows, 1)), cuuint64_t(items)};
-  const int64_t item_bytes = (item_stride ? item_stride : rows * ld) * 2;
-  const cuuint64_t strides[2] = {cuuint64_t(ld * 2), cuuint64_t(std::max<int64_t>(item_bytes, 16))};
-  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  const int64_t item_bytes = (item_stride ? item_stride : rows * ld) * kBytes;
+  const cuuint64_t strides[2] = {cuuint64_t(ld * kBytes),
+                                 cuuint64_t(std::max<int64_t>(item_bytes, 16))};
+  const cuuint32_t box[3] = {128 / kBytes, cuuint32_t(box_rows), 1};  // 128-byte swizzle rows
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims,
+  const CUresult r = encode(map, ElemTraits<T>::kTma, 3, const_cast<void*>(base), dims,
                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -82,29 +87,34 @@ Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>
   return table[config][layout];
 }
 
-std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // shared-memory limit raised, per device
+std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // [in_type]  // shared-memory limit raised, per device
 
 }  // namespace
 
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
                        bool b_kmajor, int device, int sms, cudaStream_t stream) {
   const int layout = int(a_kmajor) * 2 + int(b_kmajor);
-  const Sm90Entry k =
-      in_type == InType::kF16
-          ? LookupSm90<__half>(config, layout, std::make_integer_sequence<int, kNumConfigs>{})
-          : LookupSm90<__nv_bfloat16>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
-  if (!k.fn) return "config is not an sm90 row";
+  if (in_type != DType::kF16 && in_type != DType::kBF16) return "sm90 operands are 16-bit";
   const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
-  if (work == 0) return {};
-
+  Sm90Entry k{};
   CUtensorMap map_a, map_b;
-  const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
-  const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
-  std::string err = EncodeOperand(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
-                                  p.stride_a, a_kmajor ? k.bm : 64);
-  if (err.empty())
-    err = EncodeOperand(&map_b, p.b, b_cols, b_rows, p.stride_b ? p.batch : 1, p.ldb, p.stride_b,
-                        b_kmajor ? k.bn : 64);
+  std::string err;
+  with_dtype(in_type, [&](auto elem) {  // the one dispatch on the operand type
+    using T = decltype(elem);
+    if constexpr (!std::is_same_v<T, float>) {
+      k = LookupSm90<T>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
+      if (!k.fn || work == 0) return;
+      const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
+      const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
+      err = EncodeOperand<T>(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
+                             p.stride_a, a_kmajor ? k.bm : 64);
+      if (err.empty())
+        err = EncodeOperand<T>(&map_b, p.b, b_cols, b_rows, p.stride_b ? p.batch : 1, p.ldb,
+                               p.stride_b, b_kmajor ? k.bn : 64);
+    }
+  });
+  if (!k.fn) return "config is not an sm90 row";
+  if (work == 0) return {};
   if (!err.empty()) return err;
 
   auto& raised = g_configured[int(in_type)][config][layout];

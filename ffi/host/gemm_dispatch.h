@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "gemm_params.h"
+#include "host/gemm_params.h"  // DType, Activation, GemmParams
 
 namespace tcgemm {
 
@@ -24,9 +24,17 @@ inline int VariantIndex(bool a_kmajor, bool b_kmajor, bool aligned) {
   return (int(a_kmajor) * 2 + int(b_kmajor)) * 2 + int(aligned);
 }
 
-// Defined in gemm_kernels_f16.cu / gemm_kernels_bf16.cu (compiled in parallel).
-KernelEntry KernelF16(int config, int variant);
-KernelEntry KernelBF16(int config, int variant);
+// Defined in kernels/sm80/kernels_{f16,bf16}_a{0,1}.cu (compiled in parallel): the variants
+// with A M-major (a0) and K-major (a1).
+KernelEntry KernelF16A0(int config, int variant);
+KernelEntry KernelF16A1(int config, int variant);
+KernelEntry KernelBF16A0(int config, int variant);
+KernelEntry KernelBF16A1(int config, int variant);
+inline KernelEntry Sm80Kernel(InType t, int config, int variant) {
+  const bool ak = variant >= kVariants / 2;  // VariantIndex: A's layout is the top bit
+  if (t == InType::kF16) return ak ? KernelF16A1(config, variant) : KernelF16A0(config, variant);
+  return ak ? KernelBF16A1(config, variant) : KernelBF16A0(config, variant);
+}
 
 // Raises kernel fn's dynamic shared-memory limit to `bytes` on `device` once: bit `device` of
 // `done` records it (devices past 63 ask every time). Empty string, or what went wrong.
@@ -51,12 +59,20 @@ inline constexpr bool NeedsPack(int64_t cols) {
   return cols % 8 != 0 || (cols >= 512 && cols % 16 != 0);
 }
 
+// Row length of a packed copy of rows of `cols` elements: a multiple of 8 (16 bytes, for
+// cp.async and TMA), of 64 (128 bytes: TMA reads rows that start mid-line 15% slower,
+// 4096x4104x4096 245 us vs 4096x4224 211) for rows of 512 or more, where that adds at most 1/8.
+inline constexpr int64_t PackedLd(int64_t cols) {
+  const int64_t align = cols >= 512 ? 64 : 8;
+  return (cols + align - 1) / align * align;
+}
+
 // Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
 // effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b: with pr.pack,
 // the operands whose rows NeedsPack) the operand copies with rows padded to a multiple of 8
 // elements (64 for rows of 512 or more: 128-byte rows stream faster through TMA), each starting
-// 16-byte aligned. total() is what the FFI handler asks of XLA; Python's
-// configs.workspace_floats computes the same (a CPU test compares them).
+// 16-byte aligned. total() is what the FFI handler asks of XLA, and what Python asks of the
+// module (workspace_floats) to size the call's workspace result.
 struct PackedOperand {
   bool packed = false;
   int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)
@@ -92,8 +108,26 @@ int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
 // what went wrong.
 std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp, cudaStream_t stream);
 
-// Defined in gemm_reduce.cu: c[i] = sum_{s < splits} ws[s * count + i] in slice order.
-cudaError_t LaunchSplitKReduce(const float* ws, void* c, OutType out_type, int splits,
-                               int64_t count, cudaStream_t stream);
+// Defined in kernels/aux/reduce.cu: D = epilogue(sum_{s < splits} ws[s * count + i]), the
+// slices summed in order, for the problem p describes (its d, d_type and epi).
+cudaError_t LaunchSplitKReduce(const GemmParams& p, const float* ws, int splits,
+                               cudaStream_t stream);
+
+// Defined in kernels/aux/dact.cu: the backward pass of the epilogue's activation and bias, in
+// one pass over the (batch x) rows x cols cotangent ct (row-major, ct_type):
+//   g = ct * act'(pre)   (to g, of g_type; pre: the forward's aux, of pre_type; unread for
+//                         Activation::kNone, where g may be nullptr: only the bias gradient)
+//   dbias[z][c] = sum over rows r of g[z][r][c]  (float32, rows in order: deterministic; with
+//                 bias_batched false also summed over the batch items; nullptr: not computed)
+struct DactJob {
+  const void* ct; DType ct_type;
+  const void* pre; DType pre_type;
+  void* g; DType g_type;
+  float* dbias;
+  bool bias_batched;
+  Activation act;
+  int64_t batch, rows, cols;
+};
+cudaError_t LaunchDact(const DactJob& job, cudaStream_t stream);
 
 }  // namespace tcgemm

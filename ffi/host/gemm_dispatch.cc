@@ -1,12 +1,12 @@
 // Launch of one GEMM: picks the kernel variant for the layout and alignment, raises its
 // shared-memory limit once per device, and launches it on the caller's stream.
-#include "gemm_dispatch.h"
+#include "host/gemm_dispatch.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 
-#include "gemm_config.h"
+#include "host/gemm_config.h"
 
 namespace tcgemm {
 namespace {
@@ -59,11 +59,10 @@ DeviceInfo Info(int device) {
   return {c, sms[device].load(std::memory_order_relaxed)};
 }
 
-// The split-K reduction of problem pr's `split` float32 partials (in pr.workspace) into C.
+// The split-K reduction of problem pr's `split` float32 partials (in pr.workspace) through the
+// epilogue into D.
 std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) {
-  const GemmParams& p = pr.params;
-  const cudaError_t e = LaunchSplitKReduce(pr.workspace, p.c, p.out_type, split,
-                                           p.batch * p.m * p.n, stream);
+  const cudaError_t e = LaunchSplitKReduce(pr.params, pr.workspace, split, stream);
   return e == cudaSuccess ? std::string() : CudaError("split-K reduction launch", e);
 }
 
@@ -97,10 +96,7 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
     o.rows = (stride == 0 ? 1 : p.batch) * outer;
     o.packed = pr.pack && NeedsPack(o.cols) && o.rows > 0;
     if (o.packed) {
-      // 16-byte rows for cp.async and TMA; 128-byte rows once that costs at most 1/8 more
-      // (TMA reads rows that start mid-line 15% slower: 4096x4104x4096 245 us vs 4096x4224 211)
-      const int64_t align = o.cols >= 512 ? 64 : 8;
-      o.ld = (o.cols + align - 1) / align * align;
+      o.ld = PackedLd(o.cols);
       o.floats = o.rows * o.ld / 2;  // 2-byte elements; ld % 8 == 0 keeps it a multiple of 4
     }
     return o;
@@ -167,10 +163,8 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // float32 partials to the workspace and a second kernel sums them into C.
   p.cluster_reduce =
       cfg.kind == Kind::kSm80 && split > 1 && split <= kMaxClusterSplit && dev.cc >= 90;
-  if (split > 1 && !p.cluster_reduce) {
-    p.c = pr.workspace;
-    p.out_type = OutType::kF32;
-  }
+  // Slices through the workspace store raw partials; the reduction runs the epilogue.
+  p.partial = split > 1 && !p.cluster_reduce ? pr.workspace : nullptr;
   if (cfg.kind == Kind::kSm90) {
     if (std::string err = LaunchSm90(p, config, pr.in_type, a_kmajor, b_kmajor, device, dev.sms,
                                      stream);
@@ -180,8 +174,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   }
 
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
-  const KernelEntry k = pr.in_type == InType::kF16 ? KernelF16(config, variant)
-                                                   : KernelBF16(config, variant);
+  const KernelEntry k = Sm80Kernel(pr.in_type, config, variant);
   // Two slices of a push-reducing config: the other slice stores its tile into the leader's
   // receive slot (8.3 vs 8.6 us for 16 x 4096^2; with 3 to 8 slices the leader alone adding
   // them all is slower than every slice summing a share, 9.9 / 11.3 / 19.1 vs 9.7 / 10.8 /

@@ -1,0 +1,86 @@
+// Plain-old-data arguments of one GEMM launch, shared by the host (planner, launch) and every
+// kernel family: the problem (operands, shape, batch), the plan the dispatcher resolved (tiles,
+// split), and the epilogue.
+#pragma once
+#include <cstdint>
+
+namespace tcgemm {
+
+// Element types of operands, epilogue inputs and outputs (the runtime side of
+// kernels/common/element.cuh, which maps each to its CUDA type and traits).
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+using InType = DType;   // operands: kF16 or kBF16
+using OutType = DType;  // results: any
+inline constexpr int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// Most K slices of a split-K product (grid y); the FFI rejects more.
+inline constexpr int kMaxSplitK = 64;
+// Most slices reduced inside one thread block cluster (the portable cluster size).
+inline constexpr int kMaxClusterSplit = 8;
+
+// The epilogue's activation, applied last (kernels/common/epilogue.cuh has the functions and
+// their derivatives; jax_tcgemm/problem.py ACTIVATIONS lists the same names in this order).
+enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kSilu = 4 };
+inline constexpr int kNumActivations = 5;
+
+// D[z][r][c] = act(alpha * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]), computed in float32
+// from the accumulator and rounded once to D's type. C is read through element strides
+// (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared by the batch
+// (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta come from
+// `scale` (device float32[2], traced values) when it is set. `aux`, when set, receives the
+// pre-activation value (D's type and layout): what the backward pass needs (kernels/aux/dact.cu).
+struct EpilogueParams {
+  const float* scale = nullptr;  // device [alpha, beta], or nullptr: the two fields below
+  float alpha = 1.0f, beta = 0.0f;
+  const void* c = nullptr;       // nullptr: no C term
+  DType c_type = DType::kF32;
+  int64_t c_sb = 0, c_sr = 0, c_sc = 0;
+  const float* bias = nullptr;   // float32; nullptr: no bias
+  int64_t bias_sb = 0;           // elements between batch items' bias rows (0: shared)
+  Activation act = Activation::kNone;
+  void* aux = nullptr;           // pre-activation output, or nullptr
+};
+
+// C[z] (M x N, row-major, contiguous) = op(A[z]) · op(B[z]) for z < batch, then the epilogue
+// into D. transpose_a: A[z] is stored [K][M] (else [M][K]); transpose_b: B[z] is stored [N][K]
+// (else [K][N]). Split-K: K is cut into split_k slices of k_tiles_per_split tiles (grid y);
+// with `partial` set, slice s writes its raw float32 partial product to partial + (s * batch +
+// z) * M * N (no epilogue) and the reduction kernel sums the slices and applies the epilogue;
+// or, with cluster_reduce, the slices sum each other's tiles in shared memory and the epilogue
+// runs once on the sum.
+struct GemmParams {
+  const void* a;
+  const void* b;
+  void* d;                     // the result, of type d_type
+  int64_t m, n, k, batch;
+  int64_t stride_a, stride_b;  // elements between batch items; 0 broadcasts one matrix
+  DType d_type;
+  float* partial;              // split-K through the workspace: raw float32 partials here
+  int tiles_m, tiles_n;        // set by the dispatcher for the chosen config
+  int split_k;                 // K slices (1: no split)
+  int k_tiles_per_split;       // BK-wide k tiles per slice (set by the dispatcher)
+  int cluster_reduce;          // the split_k slices of a tile are one cluster and reduce
+                               // through distributed shared memory into D (sm_90+, no
+                               // workspace): 1 each slice sums a share of the tile's rows
+                               // (pull), 2 the other slice pushes its tile to the leader (two
+                               // slices of a ConfigTraits::kPushReduce config); 0: no cluster
+  int64_t lda, ldb;            // leading dimensions (elements between rows as stored; set by
+                               // the dispatcher: the contiguous extent, or that of a packed copy)
+  EpilogueParams epi;
+};
+
+struct GemmProblem {
+  GemmParams params;
+  // Split-K partials (split_k * batch * M * N floats when split_k > 1) from the start; packed
+  // operand copies (see PlanWorkspace) at the end.
+  float* workspace;
+  InType in_type;
+  bool transpose_a, transpose_b;
+  int config;                  // index into kConfigs
+  bool pack;                   // copy the operands whose rows NeedsPack (gemm_dispatch.h: not
+                               // 16-byte multiples, or long and not 32-byte multiples) into the
+                               // workspace with padded rows (16-byte aligned, 128 bytes when
+                               // long: the fast cp.async / TMA path) before the GEMM
+};
+
+}  // namespace tcgemm

@@ -1,0 +1,71 @@
+// Split-K reduction: D = epilogue(sum over slices s = 0..S-1 of the float32 partial products),
+// summed in slice order (so the result is bitwise deterministic) and rounded once: the same
+// epilogue (kernels/common/epilogue.cuh) as the GEMM kernels run when they store D themselves.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "host/gemm_dispatch.h"
+#include "kernels/common/element.cuh"
+#include "kernels/common/epilogue.cuh"
+
+namespace tcgemm {
+namespace {
+
+// Each thread sums VEC consecutive elements of one row over all slices. VEC = 4 needs N % 4 ==
+// 0 (then a group never crosses a row, and every slice and output group is aligned).
+template <typename Out, int VEC>
+__global__ void __launch_bounds__(256) splitk_reduce_kernel(const GemmParams p,
+                                                            const float* __restrict__ ws,
+                                                            int splits) {
+  const int64_t mn = p.m * p.n, count = p.batch * mn;
+  const int64_t groups = count / VEC;
+  const EpiScale s = epi_scale(p);
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = g * VEC;
+    float v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = 0.0f;
+    for (int sl = 0; sl < splits; ++sl) {
+      const float* src = ws + sl * count + i;
+      if constexpr (VEC == 4) {
+        const float4 x = __ldcs(reinterpret_cast<const float4*>(src));  // read once: streaming
+        v[0] += x.x; v[1] += x.y; v[2] += x.z; v[3] += x.w;
+      } else {
+        v[0] += __ldcs(src);
+      }
+    }
+    const int64_t z = i / mn, r = (i - z * mn) / p.n, col = i - z * mn - r * p.n;
+    epi_store<Out, VEC>(p, s, z, r, col, v, i, VEC, true);
+  }
+}
+
+template <typename Out>
+cudaError_t Launch(const GemmParams& p, const float* ws, int splits, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const auto aligned = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
+  const bool vec = p.n % 4 == 0 && aligned(p.d) && aligned(ws) && (!p.epi.aux || aligned(p.epi.aux));
+  const int64_t count = p.batch * p.m * p.n;
+  const int64_t groups = vec ? count / 4 : count;
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>((groups + kThreads - 1) / kThreads, 1, 65535));
+  if (vec)
+    splitk_reduce_kernel<Out, 4><<<blocks, kThreads, 0, stream>>>(p, ws, splits);
+  else
+    splitk_reduce_kernel<Out, 1><<<blocks, kThreads, 0, stream>>>(p, ws, splits);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchSplitKReduce(const GemmParams& p, const float* ws, int splits,
+                               cudaStream_t stream) {
+  cudaError_t e = cudaErrorInvalidValue;
+  with_dtype(p.d_type, [&](auto out) { e = Launch<decltype(out)>(p, ws, splits, stream); });
+  return e;
+}
+
+}  // namespace tcgemm

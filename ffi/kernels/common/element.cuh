@@ -1,0 +1,63 @@
+// Element types as a template axis: the CUDA type of each DType, its traits, and the one
+// float32 -> element conversion (round to nearest even) that every store goes through.
+#pragma once
+#include <cuda.h>  // CUtensorMapDataType
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "host/gemm_params.h"
+
+namespace tcgemm {
+
+// Compile-time facts of element type T: bytes, elements per 16-byte chunk (one cp.async, one
+// ldmatrix row), the TMA data type that moves it, and its DType.
+template <typename T>
+struct ElemTraits;
+template <>
+struct ElemTraits<__half> {
+  static constexpr int kBytes = 2;
+  static constexpr DType kType = DType::kF16;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+};
+template <>
+struct ElemTraits<__nv_bfloat16> {
+  static constexpr int kBytes = 2;
+  static constexpr DType kType = DType::kBF16;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+};
+template <>
+struct ElemTraits<float> {
+  static constexpr int kBytes = 4;
+  static constexpr DType kType = DType::kF32;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+};
+template <typename T>
+inline constexpr int kChunkElems = 16 / ElemTraits<T>::kBytes;  // elements per 16-byte chunk
+
+template <typename Out>
+__device__ __forceinline__ Out convert(float x) {
+  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return x;
+}
+
+template <typename In>
+__device__ __forceinline__ float to_float(In x) {
+  if constexpr (std::is_same_v<In, float>) return x;
+  else return static_cast<float>(x);
+}
+
+// Calls f(T{}) with T the CUDA type of DType t: the one switch over element types that every
+// kernel goes through (host and device).
+template <typename F>
+__host__ __device__ __forceinline__ void with_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kF16: f(__half{}); break;
+    case DType::kBF16: f(__nv_bfloat16{}); break;
+    case DType::kF32: f(float{}); break;
+  }
+}
+
+}  // namespace tcgemm

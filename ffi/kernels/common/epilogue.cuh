@@ -1,0 +1,136 @@
+// The one epilogue of every kernel family (sm80, sm90, the cluster and workspace split-K
+// reductions):  D = act(alpha * acc + beta * C + bias), in float32 from the accumulator,
+// rounded once to D's type; optionally the pre-activation value to `aux` (what the backward
+// pass reads); or, for a split-K slice, the raw float32 partial product instead.
+//
+// A kernel calls, for V consecutive accumulators of one row (r < M; columns col.. of which
+// those past N are ignored):
+//   EpiScale s = epi_scale(p);             once per thread (alpha, beta)
+//   epi_store<Out>(p, s, z, r, col, v, ...) the whole epilogue into D (and aux), or its parts:
+//   epi_pre(p, s, z, r, col, v)            v <- alpha * v + beta * C + bias (pre-activation)
+//   epi_act(p, v)                          v <- act(v)
+//   store_vec<Out>(dst, v, ...)            v converted once and stored
+#pragma once
+#include <cstdint>
+
+#include "host/gemm_params.h"
+#include "kernels/common/element.cuh"
+
+namespace tcgemm {
+
+__device__ __forceinline__ float activate(Activation a, float x) {
+  switch (a) {
+    case Activation::kNone: return x;
+    case Activation::kRelu: return x < 0.0f ? 0.0f : x;  // NaN stays NaN, as jax.nn.relu
+    case Activation::kGelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case Activation::kGeluTanh: {
+      const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanhf(u));
+    }
+    case Activation::kSilu: return x / (1.0f + expf(-x));
+  }
+  return x;
+}
+
+// d act / dx at the pre-activation x (kernels/aux/dact.cu).
+__device__ __forceinline__ float activate_grad(Activation a, float x) {
+  switch (a) {
+    case Activation::kNone: return 1.0f;
+    case Activation::kRelu: return x > 0.0f ? 1.0f : 0.0f;
+    case Activation::kGelu:
+      return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+             x * 0.39894228040143268f * expf(-0.5f * x * x);
+    case Activation::kGeluTanh: {
+      const float c = 0.79788456080286536f;
+      const float t = tanhf(c * (x + 0.044715f * x * x * x));
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case Activation::kSilu: {
+      const float s = 1.0f / (1.0f + expf(-x));
+      return s * (1.0f + x * (1.0f - s));
+    }
+  }
+  return 1.0f;
+}
+
+__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case DType::kF32: return static_cast<const float*>(base)[i];
+  }
+  return 0.0f;
+}
+
+// alpha and beta of a launch, read once per thread (from device memory when traced).
+struct EpiScale {
+  float alpha, beta;
+};
+__device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
+  return p.epi.scale ? EpiScale{p.epi.scale[0], p.epi.scale[1]} : EpiScale{p.epi.alpha, p.epi.beta};
+}
+
+// v[j] (row r, column col + j of batch item z) <- alpha * v[j] + beta * C + bias.
+template <int V>
+__device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
+                                        int64_t col, float (&v)[V]) {
+  const EpilogueParams& ep = p.epi;
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] *= s.alpha;
+  if (ep.c) {
+    const int64_t base = z * ep.c_sb + r * ep.c_sr;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (col + j < p.n) v[j] += s.beta * load_as_float(ep.c, ep.c_type, base + (col + j) * ep.c_sc);
+  }
+  if (ep.bias) {
+    const float* bias = ep.bias + z * ep.bias_sb;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (col + j < p.n) v[j] += bias[col + j];
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void epi_act(const GemmParams& p, float (&v)[V]) {
+  if (p.epi.act == Activation::kNone) return;
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = activate(p.epi.act, v[j]);
+}
+
+// Stores V floats to dst[0..V) as Out: one vector store when `vec` (dst aligned to V elements,
+// the whole group inside the row), else element by element up to `cols_left`.
+template <typename Out, int V>
+__device__ __forceinline__ void store_vec(Out* dst, const float (&v)[V], int cols_left, bool vec) {
+  static_assert(V == 1 || V == 2 || V == 4, "one, a pair or a quad");
+  if (V == 1 || vec) {
+    if constexpr (std::is_same_v<Out, float>) {
+      if constexpr (V == 4) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      else if constexpr (V == 2) *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+      else dst[0] = v[0];
+    } else {
+      struct alignas(V * sizeof(Out)) OutV { Out x[V]; } o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.x[j] = convert<Out>(v[j]);
+      *reinterpret_cast<OutV*>(dst) = o;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (j < cols_left) dst[j] = convert<Out>(v[j]);
+  }
+}
+
+// The whole epilogue on v, then v to D at element offset d_off (and the pre-activation to aux
+// at the same offset, when asked).
+template <typename Out, int V>
+__device__ __forceinline__ void epi_store(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
+                                          int64_t col, float (&v)[V], int64_t d_off,
+                                          int cols_left, bool vec) {
+  epi_pre(p, s, z, r, col, v);
+  if (p.epi.aux) store_vec<Out, V>(static_cast<Out*>(p.epi.aux) + d_off, v, cols_left, vec);
+  epi_act(p, v);
+  store_vec<Out, V>(static_cast<Out*>(p.d) + d_off, v, cols_left, vec);
+}
+
+}  // namespace tcgemm

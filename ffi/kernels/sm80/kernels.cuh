@@ -1,0 +1,44 @@
+// The kernel table of one input type: every config x layout x alignment variant, instantiated
+// once. Included by one .cu per input type and layout of A.
+#pragma once
+#include <array>
+#include <utility>
+
+#include "host/gemm_dispatch.h"
+#include "kernels/sm80/gemm_sm80.cuh"
+
+namespace tcgemm {
+
+template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
+KernelEntry MakeEntry() {
+  return {reinterpret_cast<const void*>(&gemm_sm80_kernel<T, CFG, A_KMAJOR, B_KMAJOR, ALIGNED>),
+          ConfigTraits<CFG>::kThreads, ConfigTraits<CFG>::kSmemBytes,
+          ConfigTraits<CFG>::kPushReduce ? ConfigTraits<CFG>::kClusterBytes : 0};
+}
+
+// The four variants of config CFG with A's layout AK (A K-major or not), in VariantIndex order.
+template <typename T, int CFG, bool AK>
+std::array<KernelEntry, kVariants / 2> ConfigEntries() {
+  if constexpr (kConfigs[CFG].kind != Kind::kSm80) {
+    return {};  // sm90 rows: kernels/sm90 (the dispatcher runs their fallback here)
+  } else {
+    return {MakeEntry<T, CFG, AK, false, false>(), MakeEntry<T, CFG, AK, false, true>(),
+            MakeEntry<T, CFG, AK, true, false>(), MakeEntry<T, CFG, AK, true, true>()};
+  }
+}
+
+template <typename T, bool AK, int... CFGs>
+KernelEntry LookupKernel(int config, int variant, std::integer_sequence<int, CFGs...>) {
+  static const std::array<KernelEntry, kVariants / 2> table[] = {ConfigEntries<T, CFGs, AK>()...};
+  return table[config][variant % (kVariants / 2)];
+}
+
+// The kernels of one operand type and one layout of A: one translation unit each
+// (kernels_{f16,bf16}_a{0,1}.cu), so that a parallel build compiles them side by side.
+#define TCGEMM_SM80_KERNELS(NAME, T, AK)                                                 \
+  KernelEntry NAME(int config, int variant) {                                           \
+    return LookupKernel<T, AK>(config, variant,                                         \
+                               std::make_integer_sequence<int, kNumConfigs>{});          \
+  }
+
+}  // namespace tcgemm

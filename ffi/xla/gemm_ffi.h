@@ -1,0 +1,11 @@
+// The XLA FFI handler symbols exported to Python (module.cc).
+#pragma once
+#include "xla/ffi/api/api.h"
+
+namespace tcgemm {
+// Target "tcgemm" (platform CUDA): d = epilogue(op(a) · op(b)), batched.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmHandler);
+// Target "tcgemm_dact" (platform CUDA): the epilogue's backward pass (g = ct * act'(pre), the
+// bias gradient), one pass over the cotangent.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmDactHandler);
+}  // namespace tcgemm
