@@ -1,18 +1,22 @@
-"""Train one MLP twice, from the same init on the same data: with tcgemm layers
-(`flax.linen.Dense(..., dot_general=tg.dot_general)`) and with stock layers (lax.dot_general).
-Prints both loss curves side by side and the median step time of each; exits 1 if the curves
+"""Train one MLP twice, from the same init on the same data: with the fused layers of
+`jax_tcgemm.layers` (`Dense(width, activation="gelu_tanh")`: x @ W + b and the GELU in one
+tg.gemm launch, and our kernels in the backward) and with stock layers (`flax.linen.Dense`
+followed by `nn.gelu`). Same parameter tree, so one init serves both. Prints both loss curves
+side by side, their final values and the median step time of each; exits 1 if the curves
 differ by more than the bf16 tolerance below, or if the loss did not fall.
 
-    python examples/train_mlp.py                                        # CPU: ~10 s
-    python examples/train_mlp.py --width 4096 --batch 4096 --steps 300  # GPU
+    python examples/train_mlp.py                                        # CPU: 100 steps, ~10 s
+    python examples/train_mlp.py --width 4096 --batch 4096 --steps 300  # GPU (default 300 steps)
 
 Precision: the usual mixed-precision recipe. Weights and Adam state are float32; every Dense
 casts its input and kernel to bfloat16, and its GEMM (forward and both gradients) runs in
 bfloat16 with float32 accumulation (the cotangent is rounded to bfloat16 before each gradient
 GEMM, in both models). The task: regress y = sin(x T) for a fixed random T, x ~ N(0, 1).
 
-Tolerance: the two models differ only in the GEMMs' summation order, so at equal weights each
-bf16 GEMM output differs by at most 1 bf16 ulp (2^-8 relative), and the loss, a mean over many
+Tolerance: at equal weights the two models differ in the GEMMs' summation order and in
+rounding: the stock layer rounds x @ W to bf16, adds the bias in bf16 and applies the GELU to
+that, the fused one rounds once, after the GELU (float32 from the accumulator). So each bf16
+layer output differs by a few bf16 ulps (2^-8 relative) at most, and the loss, a mean over many
 such elements, by far less. Training feeds these differences back into the weights, where they
 can grow; a window-mean loss that differs by more than 8 ulps (8 * 2^-8 = 3.1%) is not bf16
 rounding any more. A defective gradient (a wrong layout flag, a dropped batch reduction) breaks
@@ -25,14 +29,13 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-import jax_tcgemm as tg
+from jax_tcgemm import layers
 
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP  # see the module docstring
@@ -42,14 +45,18 @@ OUT_FEATURES = 16
 class MLP(nn.Module):
     width: int
     depth: int
-    dot_general: Any = None  # None: lax.dot_general (stock)
+    fused: bool = False  # layers.Dense with the GELU fused, or nn.Dense then nn.gelu (stock)
 
     @nn.compact
     def __call__(self, x):
-        kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32, dot_general=self.dot_general)
-        for _ in range(self.depth):
-            x = nn.gelu(nn.Dense(self.width, **kw)(x))
-        return nn.Dense(OUT_FEATURES, **kw)(x)
+        kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32)
+        for i in range(self.depth):  # explicit names: the same tree in both models
+            if self.fused:
+                x = layers.Dense(self.width, activation="gelu_tanh", name=f"Dense_{i}", **kw)(x)
+            else:
+                x = nn.gelu(nn.Dense(self.width, name=f"Dense_{i}", **kw)(x))  # tanh form
+        cls = layers.Dense if self.fused else nn.Dense
+        return cls(OUT_FEATURES, name=f"Dense_{self.depth}", **kw)(x)
 
 
 def batch(key, teacher, n, width):
@@ -85,17 +92,21 @@ def count_eqns(jaxpr, name):
 
 def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
     """Trains the tcgemm and the stock model in lockstep; returns {name: (losses, seconds)}
-    and the number of tcgemm equations in the tcgemm model's step."""
+    and the numbers of tcgemm and of dot_general equations in the tcgemm model's gradient."""
     key = jax.random.PRNGKey(seed)
     k_init, k_teacher, k_data = jax.random.split(key, 3)
     teacher = jax.random.normal(k_teacher, (width, OUT_FEATURES)) / jnp.sqrt(width)
-    models = {"tcgemm": MLP(width, depth, tg.dot_general), "jnp": MLP(width, depth)}
+    models = {"tcgemm": MLP(width, depth, fused=True), "jnp": MLP(width, depth)}
     params = jax.jit(models["jnp"].init)(k_init, jnp.zeros((1, width), jnp.float32))
+    p_fused = jax.eval_shape(models["tcgemm"].init, k_init, jnp.zeros((1, width), jnp.float32))
+    assert jax.tree.structure(p_fused) == jax.tree.structure(params)  # one init serves both
     opt = optax.adam(lr)
     state = {name: (params, opt.init(params)) for name in models}
     step = {name: make_step(m, opt, teacher, batch_size, width) for name, m in models.items()}
-    n_tcgemm = count_eqns(jax.make_jaxpr(step["tcgemm"])(*state["tcgemm"], k_data).jaxpr,
-                          "tcgemm")
+    x0 = jnp.zeros((batch_size, width), jnp.float32)
+    grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x).astype(jnp.float32)))
+    jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
+    n_tcgemm, n_dot = count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")
     hist = {name: ([], []) for name in models}
     for i in range(steps):
         k = jax.random.fold_in(k_data, i)
@@ -106,7 +117,7 @@ def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
             hist[name][1].append(time.perf_counter() - t0)
             hist[name][0].append(loss)
             state[name] = (p, o)
-    return hist, n_tcgemm
+    return hist, n_tcgemm, n_dot
 
 
 def windows(losses, every):
@@ -123,7 +134,7 @@ def compare(hist, every, rtol=RTOL):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=None, help="default 300 on GPU, 100 elsewhere")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--depth", type=int, default=3, help="hidden layers")
@@ -132,25 +143,31 @@ def main(argv=None) -> int:
                     help="Adam learning rate (default 1e-3 * min(1, sqrt(256 / width)))")
     ap.add_argument("--every", type=int, default=0, help="print interval (default steps/15)")
     args = ap.parse_args(argv)
+    args.steps = args.steps or (300 if jax.default_backend() == "gpu" else 100)
     every = args.every or max(1, args.steps // 15)
     lr = args.lr or 1e-3 * min(1.0, (256 / args.width) ** 0.5)
     print(f"backend {jax.default_backend()}: MLP {args.depth}x{args.width} -> {OUT_FEATURES}, "
-          f"batch {args.batch}, {args.steps} Adam steps (lr {lr:g}), bf16 GEMMs, float32 weights")
-    hist, n_tcgemm = train_both(args.steps, args.batch, args.width, args.depth, args.seed, lr)
-    print(f"tcgemm equations in the tcgemm model's step: {n_tcgemm}")
+          f"batch {args.batch}, {args.steps} Adam steps (lr {lr:g}), bf16 GEMMs, float32 weights;"
+          " fused layers (tcgemm) vs nn.Dense + nn.gelu (jnp)")
+    hist, n_tcgemm, n_dot = train_both(args.steps, args.batch, args.width, args.depth,
+                                       args.seed, lr)
+    print(f"equations in the tcgemm model's gradient: tcgemm {n_tcgemm}, dot_general {n_dot} "
+          f"(expected {3 * args.depth + 2} and 0: per layer forward, weight and input gradient, "
+          "no input gradient for the first layer)")
     print(f"{'step':>6} {'loss tcgemm':>12} {'loss jnp':>12} {'rel diff':>9}   (window means)")
     ours, ref = windows(hist["tcgemm"][0], every), windows(hist["jnp"][0], every)
     for w, (a, b) in enumerate(zip(ours, ref)):
         last = min((w + 1) * every, args.steps)
         print(f"{last:>6} {a:>12.6f} {b:>12.6f} {abs(a - b) / abs(b):>9.2e}")
+    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, jnp {ref[-1]:.6f}")
     med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
     print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, jnp {med['jnp']:.3f} ms "
           f"(tcgemm/jnp = {med['tcgemm'] / med['jnp']:.3f}; first step, the compile, excluded)")
     ok, worst, fell = compare(hist, every)
     print(f"worst window difference {worst:.2e} (tolerance {RTOL:.2e} = 8 bf16 ulps); "
           f"loss fell 2x: {fell}")
-    if n_tcgemm == 0:
-        print("FAIL: the tcgemm model does not use tcgemm")
+    if n_tcgemm == 0 or n_dot:
+        print("FAIL: the tcgemm model's products are not all tcgemm")
         return 1
     print("OK" if ok else "FAIL")
     return 0 if ok else 1

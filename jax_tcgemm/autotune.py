@@ -2,24 +2,24 @@
 
 Off by default (the selector's cost model in configs.plan decides). Turn it on with the
 environment variable ``JAX_TCGEMM_AUTOTUNE=1`` or ``jax_tcgemm.autotune.enable()``. Then the
-first trace of a problem (GPU name, batch x M x N x K, dtype, layout) on a GPU times the
-candidates with the benchmark's harness (bench.py: R distinct A's per call, medians after
+first CUDA lowering of a problem (GPU name, batch x M x N x K, dtype, layout) times the
+candidates with the benchmark's harness (timing.py: R distinct A's per call, medians after
 warm-up) and caches the winner persistently as JSON in
 ``$JAX_TCGEMM_CACHE_DIR/autotune.json`` (default ``$XDG_CACHE_HOME/jax_tcgemm`` or
-``~/.cache/jax_tcgemm``). Tuning happens in Python while tracing, before lowering, never
-inside the FFI handler (XLA command buffers record the handler's launches).
+``~/.cache/jax_tcgemm``). Tuning happens in Python when the lowering plans the product
+(configs.plan_for_device, which imports this module only when autotuning is on), never inside
+the FFI handler (XLA command buffers record the handler's launches).
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import statistics
 import threading
 
 import numpy as np
 
-from . import configs
+from . import configs, timing
 
 _ENV = "JAX_TCGEMM_AUTOTUNE"
 _lock = threading.Lock()
@@ -90,27 +90,25 @@ def candidates(m: int, n: int, k: int, batch: int = 1, arch=None) -> list[tuple[
 def measure(m: int, n: int, k: int, batch: int, dtype, layout: str, reps: int = 7,
             cands=None) -> list[dict]:
     """Median seconds per product of each candidate, on the default device: rows
-    {config, split_k, seconds}, fastest first. Runs eagerly even when called while tracing.
+    {config, split_k, seconds}, fastest first. Runs eagerly even when called while tracing or lowering.
     cands: (config, split_k) pairs; default: candidates() for the default device's arch."""
     import jax
-    from . import bench
     from .primitive import tcgemm
 
     ta, tb = layout[0] == "T", layout[1] == "T"
     flops = 2 * m * n * k * batch
-    r = min(bench.MAX_R, max(1, round(0.25e12 / max(flops, 1))))
+    r = min(timing.MAX_R, max(1, round(0.25e12 / max(flops, 1))))
     with jax.ensure_compile_time_eval():
-        a_list, b = bench.harness_operands(
+        a_list, b = timing.harness_operands(
             r, (batch, k, m) if ta else (batch, m, k), (batch, n, k) if tb else (batch, k, n),
             np.dtype(dtype), k, seed=1)
         fns = {}
         for name, s in (cands or candidates(m, n, k, batch, configs.device_arch())):
             op = (lambda x, y, name=name, s=s:
                   tcgemm(x, y, transpose_a=ta, transpose_b=tb, config=name, split_k=s))
-            fns[(name, s)] = bench._harness(op, barrier=True)
-        times = bench.time_fns(fns, (a_list, b), reps)
-    rows = [{"config": c, "split_k": s, "seconds": statistics.median(t) / r}
-            for (c, s), t in times.items()]
+            fns[(name, s)] = timing.harness(op, barrier=True)
+        times = timing.medians(timing.time_fns(fns, (a_list, b), reps))
+    rows = [{"config": c, "split_k": s, "seconds": t / r} for (c, s), t in times.items()]
     return sorted(rows, key=lambda row: row["seconds"])
 
 
@@ -142,7 +140,6 @@ def main(argv=None) -> int:
     import argparse
 
     import jax
-    from . import bench
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--suite", default="llm")
     p.add_argument("--shape", action="append", default=[])
@@ -152,17 +149,18 @@ def main(argv=None) -> int:
     if jax.default_backend() != "gpu":
         print("autotune: no GPU; nothing to time")
         return 0
-    cs = ([c for spec in args.shape for c in bench.parse_shape(spec, (args.dtype,))]
-          or bench.cases(args.suite, (args.dtype,)))
+    cs = ([c for spec in args.shape for c in timing.parse_shape(spec, (args.dtype,))]
+          or timing.cases(args.suite, (args.dtype,)))  # epilogue rows: their plain product
     for c in cs:
+        flop = 2 * c.m * c.n * c.k * c.batch  # one product (an epilogue row's forward GEMM)
         model = configs.plan(c.m, c.n, c.k, c.batch, c.dtype, c.layout, configs.device_arch())
         rows = measure(c.m, c.n, c.k, c.batch, c.dtype, c.layout, reps=args.reps)
         t_model = next(r["seconds"] for r in rows if (r["config"], r["split_k"]) == model)
         print(f"{c.name} {c.batch}x{c.m}x{c.n}x{c.k} {c.dtype}: model {model[0]} k{model[1]} "
-              f"{c.flops / t_model / 1e12:.1f} TFLOP/s")
+              f"{flop / t_model / 1e12:.1f} TFLOP/s")
         for r in rows[:6]:
             print(f"    {r['config']:<26} k{r['split_k']:<3} {r['seconds'] * 1e6:9.1f} us "
-                  f"{c.flops / r['seconds'] / 1e12:7.1f} TFLOP/s")
+                  f"{flop / r['seconds'] / 1e12:7.1f} TFLOP/s")
     return 0
 
 

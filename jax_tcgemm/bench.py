@@ -1,110 +1,40 @@
-"""tcgemm vs jnp.dot, same run, same harness: ``python -m jax_tcgemm.bench``.
+"""tcgemm vs jnp, same run, same harness: ``python -m jax_tcgemm.bench``.
 
 Per case and side: one jitted call of R independent products (R distinct A, shared B, ~4 TFLOP
-per call, 1 <= R <= 64), 2 warm-up calls, then --reps timed calls, the sides interleaved; median.
-rel_err against a float32 'highest' reference of the first product, and tcgemm vs jnp.dot over
-the whole of it. benchmarks/NOTES.md has the method. jax_tcgemm is imported lazily, so the pure helpers import without the package.
+per call, 1 <= R <= 64; timing.py), 2 warm-up calls, then --reps timed calls, the sides
+interleaved; median. GEMM rows: rel_err against a float32 'highest' reference of the first
+product, and tcgemm vs jnp.dot over the whole of it. Epilogue rows (suite `epilogue`) time
+three sides: ours (tg.gemm), the stock jnp composite of the same math, and the plain jnp.dot
+alone (`dot_tflops`); rel_err against a float64 reference (numpy, on rows and columns of the
+first product). benchmarks/NOTES.md has the method.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import fnmatch
-import functools
 import gc
 import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
-import time
 
-TARGET_FLOP = 4e12        # work per timed call
-MAX_R = 64                # products per call
-MEM_FRAC_R = 0.25         # R copies of A and C (plus B) must fit in this share of device memory
+import numpy as np
+
+from . import timing
+from .timing import (AXPBY, EPILOGUE, LLM_M, LLM_NK, MAX_R, MEM_FRAC_R, SUITES,  # noqa: F401
+                     TARGET_FLOP, Case, cases, choose_reps, harness_operands, parse_shape,
+                     time_fn, time_fns)
+
+_harness = timing.harness  # (tools/ use it under this name)
 MEM_FRAC_SKIP = 0.40      # a single product's A+B+C above this share: the row is skipped
 ERR_ROWS = 1024           # rel_err on the first and last ERR_ROWS/2 rows of the first product
-ERR_TOL = {"float16": 1e-3, "bfloat16": 5e-3, "float32": 2e-3}  # or 2x jnp.dot's, if larger
-SUITES = ("square", "llm", "odd", "batched", "f32")
+EPI_ERR_ROWS = 256        # likewise for the epilogue rows' float64 reference (and columns)
+ERR_TOL = {"float16": 1e-3, "bfloat16": 5e-3, "float32": 2e-3}  # or 2x jnp's, if larger
 DTYPE_CHOICES = {"float16": ("float16",), "bfloat16": ("bfloat16",), "both": ("float16", "bfloat16")}
-LLM_M = (16, 128, 4096, 8192)
-LLM_NK = {  # y = x @ W, x (M, K), W (K, N): Llama-2 projections
-    "l7b_gateup": (11008, 4096), "l7b_down": (4096, 11008),
-    "l70b_gateup": (28672, 8192), "l70b_down": (8192, 28672), "l7b_qkvo": (4096, 4096)}
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    suite: str
-    name: str
-    m: int
-    n: int
-    k: int
-    batch: int
-    dtype: str
-    vmap: bool = False        # batched cases: jax.vmap of the 2-D op over a leading batch axis
-    layout: str = "NN"
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k * self.batch
-
-    def nbytes(self) -> tuple[int, int, int]:
-        """Bytes of one product's A, B and C (output dtype = input dtype)."""
-        isz = {"float16": 2, "bfloat16": 2, "float32": 4}[self.dtype]
-        b = self.batch
-        return b * self.m * self.k * isz, b * self.k * self.n * isz, b * self.m * self.n * isz
-
-
-def _shapes(suite: str):
-    """(name, m, n, k, batch, vmap) of DESIGN §8's suites."""
-    if suite == "square":
-        return [(f"square_{s}", s, s, s, 1, False) for s in (1024, 2048, 4096, 8192, 16384)]
-    if suite == "llm":
-        return [(f"llm_{tag}_m{m}", m, n, k, 1, False)
-                for tag, (n, k) in LLM_NK.items() for m in LLM_M]
-    if suite == "odd":
-        return [("odd_4095x4097x4093", 4095, 4097, 4093, 1, False), ("odd_1000", 1000, 1000, 1000, 1, False)]
-    if suite == "batched":
-        return [("batched_64x256x256x256", 256, 256, 256, 64, True),
-                ("batched_32x1024x1024x128", 1024, 1024, 128, 32, True)]
-    if suite == "f32":
-        return [("f32_4096", 4096, 4096, 4096, 1, False)]
-    raise ValueError(f"unknown suite {suite!r}; expected one of {SUITES + ('all',)}")
-
-
-def cases(suite: str, dtypes=("float16", "bfloat16")) -> list[Case]:
-    """The cases of `suite` ('all' = every suite) for each dtype; the f32 suite is float32 only."""
-    out = []
-    for s in (SUITES if suite == "all" else (suite,)):
-        for name, m, n, k, batch, vmap in _shapes(s):
-            for dt in (("float32",) if s == "f32" else tuple(dtypes)):
-                out.append(Case(s, name, m, n, k, batch, dt, vmap))
-    return out
-
-
-def parse_shape(spec: str, dtypes) -> list[Case]:
-    """'MxNxK' (plain) or 'BxMxNxK' (vmapped batch) -> custom cases, one per dtype."""
-    dims = [int(x) for x in spec.lower().split("x")]
-    if len(dims) not in (3, 4) or min(dims) < 1:
-        raise ValueError(f"--shape {spec!r}: expected MxNxK or BxMxNxK with positive sizes")
-    b, (m, n, k) = (dims[0], dims[1:]) if len(dims) == 4 else (1, dims)
-    return [Case("custom", f"custom_{spec}", m, n, k, b, dt, len(dims) == 4) for dt in dtypes]
-
-
-def choose_reps(flops: int, per_product_bytes: int = 0, shared_bytes: int = 0,
-                mem_limit: int | None = None) -> int:
-    """R: products per timed call. R*flops ~ TARGET_FLOP, 1 <= R <= MAX_R, and R*per_product
-    + shared within MEM_FRAC_R of mem_limit (when known)."""
-    r = min(MAX_R, max(1, round(TARGET_FLOP / flops)))
-    if mem_limit and per_product_bytes:
-        fit = int((MEM_FRAC_R * mem_limit - shared_bytes) // per_product_bytes)
-        r = max(1, min(r, fit))
-    return r
 
 
 def slug(device_kind: str) -> str:
@@ -117,29 +47,10 @@ def geomean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def time_fns(fns: dict, args, reps: int, warmup: int = 2) -> dict:
-    """Seconds per call of each fn in `fns`, the sides interleaved rep by rep."""
-    import jax
-    for _ in range(warmup):
-        for f in fns.values():
-            jax.block_until_ready(f(*args))
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times[name].append(time.perf_counter() - t0)
-    return times
-
-
-def time_fn(fn, args, reps: int, warmup: int = 2) -> float:
-    """Median seconds of `reps` calls fn(*args) after `warmup` calls."""
-    return statistics.median(time_fns({"f": fn}, args, reps, warmup)["f"])
-
-
 def config_id(case: Case) -> str:
-    """The config tcgemm runs `case` with (autotune.plan: the cost model's choice, or the
-    tuned one), with ' split_k=S' when K is split; 'n/a' where unavailable."""
+    """The config tcgemm runs `case` (its forward product) with (autotune.plan: the cost
+    model's choice, or the tuned one), with ' split_k=S' when K is split; 'n/a' where
+    unavailable."""
     try:
         import jax.numpy as jnp
         from jax_tcgemm import autotune
@@ -150,64 +61,139 @@ def config_id(case: Case) -> str:
         return "n/a"
 
 
-@functools.cache
-def _rand_fn():
-    import jax
-    import jax.numpy as jnp
-
-    def rand(key, shape, dtype, scale):
-        return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
-    return jax.jit(rand, static_argnums=(1, 2, 3))
-
-
-def harness_operands(r: int, a_shape, b_shape, dtype, k: int, seed: int = 0):
-    """The harness's inputs: R distinct A matrices of a_shape ~ N(0, 1) and one shared B of
-    b_shape ~ N(0, 1)/sqrt(K), in `dtype`, from jax.random key `seed`."""
-    import jax
-    keys = jax.random.split(jax.random.key(seed), r + 1)
-    rand = _rand_fn()
-    a_list = tuple(rand(keys[i], tuple(a_shape), dtype, 1.0) for i in range(r))
-    return a_list, rand(keys[r], tuple(b_shape), dtype, 1.0 / math.sqrt(max(k, 1)))
+def tolerance(case: Case, jnp_err: float) -> float:
+    """The rel_err bound of `case`: by output dtype (float32 from f16/bf16: 1e-5, scaled with
+    K beyond 2048), or twice jnp's own error where that is larger."""
+    if case.op != "matmul" and case.out_dtype == "float32":
+        tol = 1e-5 * max(1.0, case.k / 2048)
+    else:
+        tol = ERR_TOL[case.out_dtype]
+    return max(tol, 2 * jnp_err) if math.isfinite(jnp_err) else tol
 
 
-def _harness(op, barrier: bool):
-    """jit(f(a_list, b) -> tuple(op(a, b) for a in a_list)). With `barrier`, each product's
-    operands pass through their own optimization_barrier, so XLA cannot merge the R dots
-    (DotMerger) or otherwise share work between them; the barrier moves no data."""
-    import jax
+# ---------------------------------------------------------------------------------------------
+# What each side computes.
 
-    def f(a_list, b):
-        outs = []
-        for a in a_list:
-            if barrier:
-                a, bb = jax.lax.optimization_barrier((a, b))
-            else:
-                bb = b
-            outs.append(op(a, bb))
-        return tuple(outs)
-    return jax.jit(f)
-
-
-@functools.cache
-def _rel_fro():
-    import jax
-    import jax.numpy as jnp
-
-    def rel(x, ref):
-        x, ref = x.astype(jnp.float32), ref.astype(jnp.float32)
-        return jnp.sqrt(jnp.sum((x - ref) ** 2)) / jnp.sqrt(jnp.sum(ref ** 2))
-    return jax.jit(rel)
+def _edge_rows(m: int, n_rows: int) -> np.ndarray:
+    """The first and last n_rows/2 indices of range(m) (edge tiles included)."""
+    h = n_rows // 2
+    return np.unique(np.r_[0:min(h, m), max(0, m - h):m])
 
 
 def _rel_err(out, a, b) -> float:
     """rel_err of out = a @ b against float32 'highest', on the first and last ERR_ROWS/2 rows
-    (edge tiles included) of every batch element, all columns."""
+    of every batch element, all columns."""
     import jax.numpy as jnp
-    import numpy as np
-    m, h = a.shape[-2], ERR_ROWS // 2
-    rows = np.unique(np.r_[0:min(h, m), max(0, m - h):m])
+    rows = _edge_rows(a.shape[-2], ERR_ROWS)
     ref = jnp.matmul(a[..., rows, :].astype(jnp.float32), b.astype(jnp.float32), precision="highest")
-    return float(_rel_fro()(out[..., rows, :], ref))
+    return timing.rel_fro(out[..., rows, :], ref)
+
+
+def np_act(name, x, grad=False):
+    """Activation `name` (or its derivative) in float64 numpy."""
+    if name in (None, "none"):
+        return np.ones_like(x) if grad else x
+    if name == "relu":
+        return (x > 0).astype(x.dtype) if grad else np.maximum(x, 0)
+    if name == "silu":
+        s = 1 / (1 + np.exp(-x))
+        return s * (1 + x * (1 - s)) if grad else x * s
+    if name == "gelu_tanh":
+        c = math.sqrt(2 / math.pi)
+        t = np.tanh(c * (x + 0.044715 * x ** 3))
+        if not grad:
+            return 0.5 * x * (1 + t)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+    if name == "gelu":
+        erf = np.vectorize(math.erf)(x / math.sqrt(2))
+        return 0.5 * (1 + erf) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi) if grad else 0.5 * x * (1 + erf)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _rel64(out, ref) -> float:
+    out = _f64(out)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.linalg.norm((out - ref).ravel()) / np.linalg.norm(ref.ravel()))
+
+
+def epilogue_ops(case: Case) -> dict:
+    """{side: op(x, *shared)} of an epilogue case: tcgemm (tg.gemm), jnp (the stock composite)
+    and dot (jnp.dot alone; for fwd_bwd the same three GEMMs with a given cotangent)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import jax_tcgemm as tg
+
+    act = case.activation
+    jact = {None: lambda y: y, "relu": jax.nn.relu, "silu": jax.nn.silu,
+            "gelu": functools.partial(jax.nn.gelu, approximate=False),
+            "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}[act]
+    f32 = jnp.float32
+    if case.op == "axpby":
+        al, be = AXPBY
+        return {"tcgemm": lambda a, b, c: tg.gemm(a, b, c, alpha=al, beta=be, out_dtype=f32),
+                "jnp": lambda a, b, c: al * jnp.dot(a, b, preferred_element_type=f32) + be * c,
+                "dot": lambda a, b, c: jnp.dot(a, b, preferred_element_type=f32)}
+    if case.op == "bias_act":
+        return {"tcgemm": lambda x, w, bias: tg.gemm(x, w, bias=bias, activation=act),
+                "jnp": lambda x, w, bias: jact(jnp.dot(x, w) + bias),
+                "dot": lambda x, w, bias: jnp.dot(x, w)}
+    if case.op != "fwd_bwd":
+        raise ValueError(f"not an epilogue op: {case.op!r}")
+
+    def vg(layer):
+        return jax.value_and_grad(lambda x, w, bias: jnp.sum(layer(x, w, bias), dtype=f32),
+                                  argnums=(0, 1, 2))
+    ours = vg(lambda x, w, bias: tg.gemm(x, w, bias=bias, activation=act))
+    comp = vg(lambda x, w, bias: jact(jnp.dot(x, w) + bias))
+    return {"tcgemm": lambda x, w, bias, ct: ours(x, w, bias),
+            "jnp": lambda x, w, bias, ct: comp(x, w, bias),
+            "dot": lambda x, w, bias, ct: (jnp.dot(x, w), jnp.dot(ct, w.T), jnp.dot(x.T, ct))}
+
+
+def epilogue_operands(case: Case, r: int, seed: int = 0):
+    """(R distinct x ~ N(0, 1), shared operands): W ~ N(0, 1/K), then axpby: C (float32
+    N(0, 1)); bias_act: bias (N(0, 1/4), in the input dtype); fwd_bwd: bias and the dot side's
+    cotangent (N(0, 1))."""
+    import jax
+    m, n, k, dt = case.m, case.n, case.k, np.dtype(case.dtype)
+    a_list, w = harness_operands(r, (m, k), (k, n), dt, k, seed)
+    k1, k2 = jax.random.split(jax.random.key(seed + 1))
+    if case.op == "axpby":
+        return a_list, (w, timing.random_array(k1, (m, n), np.float32))
+    bias = timing.random_array(k1, (n,), dt, 0.5)
+    if case.op == "fwd_bwd":
+        return a_list, (w, bias, timing.random_array(k2, (m, n), dt))
+    return a_list, (w, bias)
+
+
+def epilogue_error(case: Case, out, x, shared) -> tuple[float, dict]:
+    """(rel_err, parts) of the first product's result against float64 numpy: forward ops on
+    the first and last EPI_ERR_ROWS/2 rows; fwd_bwd: dx on those rows, dW and dbias on as
+    many edge columns (their sums over all M rows included). rel_err is the largest part."""
+    rows = _edge_rows(case.m, EPI_ERR_ROWS)
+    w = _f64(shared[0])
+    if case.op == "axpby":
+        al, be = AXPBY
+        ref = al * (_f64(x[rows]) @ w) + be * _f64(shared[1][rows])
+        return _rel64(out[rows], ref), {}
+    bias = _f64(shared[1])
+    if case.op == "bias_act":
+        return _rel64(out[rows], np_act(case.activation, _f64(x[rows]) @ w + bias)), {}
+    _, (dx, dw, db) = out
+    g_rows = np_act(case.activation, _f64(x[rows]) @ w + bias, grad=True)
+    cols = _edge_rows(case.n, EPI_ERR_ROWS)
+    x64 = _f64(x)
+    g_cols = np_act(case.activation, x64 @ w[:, cols] + bias[cols], grad=True)
+    parts = {"dx": _rel64(dx[rows], g_rows @ w.T), "dw": _rel64(dw[:, cols], x64.T @ g_cols),
+             "dbias": _rel64(db[cols], g_cols.sum(0))}
+    return max(parts.values()), {p: _sig(e) for p, e in parts.items()}
 
 
 def _sig(x, n=3):
@@ -220,11 +206,25 @@ def _row_base(case: Case) -> dict:
             "batch": case.batch, "dtype": case.dtype, "layout": case.layout, "config": config_id(case)}
 
 
-def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: bool = True) -> dict:
-    """Time tcgemm and jnp.dot on `case`; the row for the table and the JSON record."""
+def _problem(case: Case, r: int):
+    """({side: op(a, *shared)}, R distinct A's, shared operands) of `case`."""
     import jax
     import jax.numpy as jnp
     import jax_tcgemm as tg
+    if case.op != "matmul":
+        return (epilogue_ops(case), *epilogue_operands(case, r))
+    lead = (case.batch,) if case.vmap else ()
+    a_list, b = harness_operands(r, lead + (case.m, case.k), lead + (case.k, case.n),
+                                 jnp.dtype(case.dtype), case.k)
+    ops = {"tcgemm": jax.vmap(tg.matmul) if case.vmap else tg.matmul,
+           "jnp": jax.vmap(jnp.matmul) if case.vmap else jnp.dot}
+    return ops, a_list, (b,)
+
+
+def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: bool = True) -> dict:
+    """Time tcgemm and jnp (and, for epilogue rows, jnp.dot alone) on `case`; the row for the
+    table and the JSON record."""
+    import jax
 
     row = _row_base(case)
     a_bytes, b_bytes, c_bytes = case.nbytes()
@@ -233,26 +233,34 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
                         f"{MEM_FRAC_SKIP:.0%} of device memory ({mem_limit / 2**30:.1f} GiB)")
         return row
     r = choose_reps(case.flops, a_bytes + c_bytes, b_bytes, mem_limit)
-    lead = (case.batch,) if case.vmap else ()
-    a_list, b = harness_operands(r, lead + (case.m, case.k), lead + (case.k, case.n),
-                                 jnp.dtype(case.dtype), case.k)
-    op_tg = jax.vmap(tg.matmul) if case.vmap else tg.matmul
-    op_jnp = jax.vmap(jnp.matmul) if case.vmap else jnp.dot
-    row["tg_path"] = "tcgemm" if "tcgemm" in str(jax.make_jaxpr(op_tg)(a_list[0], b)) else "fallback"
-    fns = {"tcgemm": _harness(op_tg, barrier), "jnp": _harness(op_jnp, barrier)}
-    first = {side: f(a_list, b)[0] for side, f in fns.items()}  # compile; keep product 0 only
-    errs = {side: _rel_err(out, a_list[0], b) for side, out in first.items()}
-    vs_jnp = float(_rel_fro()(first["tcgemm"], first["jnp"]))  # whole product: every tile written
+    ops, a_list, shared = _problem(case, r)
+    jaxpr = str(jax.make_jaxpr(ops["tcgemm"])(a_list[0], *shared))
+    row["tg_path"] = ("fallback" if "tcgemm" not in jaxpr else
+                      "mixed" if "dot_general" in jaxpr else "tcgemm")
+    fns = {side: _harness(op, barrier) for side, op in ops.items()}
+    first = {side: fns[side](a_list, *shared)[0] for side in ("tcgemm", "jnp")}  # product 0
+    if case.op == "matmul":
+        errs = {side: (_rel_err(out, a_list[0], shared[0]), {}) for side, out in first.items()}
+    else:
+        errs = {side: epilogue_error(case, out, a_list[0], shared) for side, out in first.items()}
+    vs_jnp = max(timing.rel_fro(x, y) for x, y in  # whole outputs: every tile written
+                 zip(jax.tree.leaves(first["tcgemm"]), jax.tree.leaves(first["jnp"])))
     del first
-    times = time_fns(fns, (a_list, b), reps)
-    med = {side: statistics.median(t) for side, t in times.items()}
+    med = timing.medians(time_fns(fns, (a_list, *shared), reps))
     tf = {side: r * case.flops / med[side] / 1e12 for side in med}
-    tol = max(ERR_TOL[case.dtype], 2 * errs["jnp"]) if math.isfinite(errs["jnp"]) else ERR_TOL[case.dtype]
+    err, jnp_err = errs["tcgemm"][0], errs["jnp"][0]
+    tol = tolerance(case, jnp_err)
     row.update(r=r, reps=reps, tcgemm_tflops=_sig(tf["tcgemm"], 4), jnp_tflops=_sig(tf["jnp"], 4),
-               ratio=round(tf["tcgemm"] / tf["jnp"], 4), rel_err=_sig(errs["tcgemm"]),
-               jnp_rel_err=_sig(errs["jnp"]), vs_jnp=_sig(vs_jnp),
-               err_ok=bool(errs["tcgemm"] <= tol and vs_jnp <= 2 * tol),
+               ratio=round(tf["tcgemm"] / tf["jnp"], 4), rel_err=_sig(err),
+               jnp_rel_err=_sig(jnp_err), vs_jnp=_sig(vs_jnp),
+               err_ok=bool(err <= tol and vs_jnp <= 2 * tol),
                tcgemm_ms=_sig(med["tcgemm"] * 1e3, 4), jnp_ms=_sig(med["jnp"] * 1e3, 4))
+    if "dot" in tf:
+        row.update(dot_tflops=_sig(tf["dot"], 4), dot_ms=_sig(med["dot"] * 1e3, 4),
+                   vs_dot=round(tf["tcgemm"] / tf["dot"], 4),
+                   jnp_vs_dot=round(tf["jnp"] / tf["dot"], 4))
+    if errs["tcgemm"][1]:
+        row["rel_err_parts"] = errs["tcgemm"][1]
     return row
 
 
@@ -266,7 +274,8 @@ def _safe_run(case: Case, reps: int, mem_limit, barrier: bool) -> dict:
 
 
 HEADER = (f"{'name':<26} {'M':>6} {'N':>6} {'K':>6} {'batch':>5} {'dtype':<5} "
-          f"{'tcgemm':>8} {'jnp.dot':>8} {'ratio':>6} {'rel_err':>9} {'jnp_err':>9}  config")
+          f"{'tcgemm':>8} {'jnp':>8} {'ratio':>6} {'rel_err':>9} {'jnp_err':>9}  config"
+          "  [jnp.dot alone]")
 
 
 def format_row(row: dict) -> str:
@@ -276,7 +285,8 @@ def format_row(row: dict) -> str:
         return head + ("SKIP " if row["error"].startswith("skipped") else "ERROR ") + row["error"]
     e = [("nan" if row[f] is None else f"{row[f]:.2e}") for f in ("rel_err", "jnp_rel_err")]
     return head + (f"{row['tcgemm_tflops']:>8.1f} {row['jnp_tflops']:>8.1f} {row['ratio']:>6.3f} "
-                   f"{e[0]:>9}{' ' if row['err_ok'] else '!'}{e[1]:>9}  {row['config']}")
+                   f"{e[0]:>9}{' ' if row['err_ok'] else '!'}{e[1]:>9}  {row['config']}"
+                   + (f"  [dot {row['dot_tflops']:.1f}]" if "dot_tflops" in row else ""))
 
 
 def git_info() -> tuple[str, bool | None]:
@@ -366,7 +376,8 @@ class _Progress:
 
 
 def cpu_demo() -> int:
-    """No GPU: show the CPU fallback computing the right thing on a small batched product."""
+    """No GPU: show the CPU fallback computing the right thing on a small batched product and
+    a fused epilogue (bias + gelu_tanh, against float64)."""
     import jax
     import jax.numpy as jnp
     import jax_tcgemm as tg
@@ -383,13 +394,19 @@ def cpu_demo() -> int:
           f" (jnp.matmul: {ref.shape} {ref.dtype}) on {jax.default_backend()}")
     print(f"max |tg - jnp.matmul| = {max_err:.3g}; rel_err vs float32 = {rel:.3g}")
     ok = out.shape == ref.shape and out.dtype == ref.dtype and math.isfinite(rel) and rel < ERR_TOL["float16"]
+    bias = jax.random.normal(jax.random.key(1), (17,), jnp.float32)
+    epi = jax.jit(lambda a, b, bias: tg.gemm(a, b, bias=bias, activation="gelu_tanh"))(a, b, bias)
+    epi_err = _rel64(epi, np_act("gelu_tanh", _f64(a) @ _f64(b) + _f64(bias)))
+    print(f"tg.gemm(a, b, bias=bias, activation='gelu_tanh') -> {epi.shape} {epi.dtype}; "
+          f"rel_err vs float64 = {epi_err:.3g}")
+    ok = ok and epi.shape == out.shape and epi.dtype == out.dtype and epi_err < ERR_TOL["float16"]
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_tcgemm.bench",
-                                description="Time jax_tcgemm (tcgemm) against jnp.dot on the GPU.")
+                                description="Time jax_tcgemm (tcgemm) against jnp on the GPU.")
     p.add_argument("--suite", choices=SUITES + ("all",), default="all")
     p.add_argument("--dtype", choices=tuple(DTYPE_CHOICES), default="both")
     p.add_argument("--json", metavar="PATH", help="default on GPU: benchmarks/results/<gpu>.json")
@@ -456,7 +473,9 @@ def main(argv=None) -> int:
             "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "harness": (f"per side one jit of R independent products (R distinct A, shared B; "
-                        f"R*2MNK*batch ~ {TARGET_FLOP / 1e12:g} TFLOP, 1<=R<={MAX_R}, R*(A+C) "
+                        "epilogue rows: shared W and C or bias, sides tcgemm, jnp composite and "
+                        "jnp.dot alone; "
+                        f"R*FLOP ~ {TARGET_FLOP / 1e12:g} TFLOP, 1<=R<={MAX_R}, R*(A+C) "
                         f"<= {MEM_FRAC_R:.0%} device memory), outputs returned as a tuple"
                         f"{'' if args.no_barrier else ', optimization_barrier per product'}; "
                         f"2 warm-up calls, {args.reps} timed calls per side interleaved, "
@@ -479,7 +498,7 @@ def main(argv=None) -> int:
     print()
     for suite in dict.fromkeys(r["suite"] for r in rows):
         ratios = [r["ratio"] for r in rows if r["suite"] == suite and "ratio" in r]
-        print(f"geomean ratio tcgemm/jnp.dot  {suite:<8} {geomean(ratios):6.3f}  ({len(ratios)} rows)")
+        print(f"geomean ratio tcgemm/jnp  {suite:<8} {geomean(ratios):6.3f}  ({len(ratios)} rows)")
     if json_path:
         print(f"wrote {json_path}")
     if args.plot and plot(rows, args.plot, f"{dev.device_kind}: tcgemm vs jnp.dot (commit {commit[:12]})"):

@@ -273,6 +273,17 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
         scale = jnp.stack([jnp.float32(al) if al_arr is None else al_arr,
                            jnp.float32(be) if be_arr is None else be_arr])
         al, be = 1.0, 0.0
+    if (bsz > 1 and not transpose_a and math.prod(b.shape[:-2]) == 1
+            and (c3 is None or (c3.shape[0] == bsz and c3.shape[1] == m)
+                 or (c3.shape[0] == 1 and c3.shape[1] == 1))):
+        # b shared by the batch: one GEMM over the batch's rows stacked (M' = B * M), whose
+        # weight gradient is then one product too (no per-item products and reduction)
+        a2 = jnp.broadcast_to(a, batch + a.shape[-2:]).reshape(1, bsz * m, k)
+        if c3 is not None and c3.shape[0] == bsz:
+            c3 = c3.reshape(1, bsz * m, c3.shape[2])
+        out = tcgemm(a2, to3(b), c3, bias2, scale, transpose_b=transpose_b, out_dtype=out_dtype,
+                     alpha=al, beta=be, activation=activation, overwrite_c=overwrite_c)
+        return out.reshape(out_shape)
     out = tcgemm(to3(a), to3(b), c3, bias2, scale, transpose_a=transpose_a,
                  transpose_b=transpose_b, out_dtype=out_dtype, alpha=al, beta=be,
                  activation=activation, overwrite_c=overwrite_c)

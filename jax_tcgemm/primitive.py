@@ -27,7 +27,8 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi, problem
+from . import _ffi, epilogue, problem, sharding
+from .epilogue import activate, activate_grad
 from .problem import IN_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, dims, split_operands
 
 tcgemm_p = Primitive("tcgemm")
@@ -116,30 +117,6 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
 # ---------------------------------------------------------------------------------------------
 # Reference semantics in lax (the lowering on every platform but CUDA; tests' oracle).
 
-def activate(name, x):
-    """The epilogue's activation on float32 x (kernels/common/epilogue.cuh, activate)."""
-    if name == "none":
-        return x
-    if name == "relu":
-        return jnp.where(x < 0, jnp.zeros_like(x), x)
-    if name == "gelu":
-        return jax.nn.gelu(x, approximate=False)
-    if name == "gelu_tanh":
-        return jax.nn.gelu(x, approximate=True)
-    if name == "silu":
-        return x / (1.0 + jnp.exp(-x))
-    raise ValueError(f"unknown activation {name!r}")
-
-
-def activate_grad(name, x):
-    """d act / dx at float32 x (epilogue.cuh, activate_grad)."""
-    if name == "none":
-        return jnp.ones_like(x)
-    if name == "relu":
-        return (x > 0).astype(x.dtype)
-    return jax.vmap(jax.grad(lambda v: activate(name, v)))(x.reshape(-1)).reshape(x.shape)
-
-
 def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
               activation="none", has_c=False, has_bias=False, has_scale=False, aux=False,
               plan=None, overwrite_c=False):
@@ -154,14 +131,8 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
     # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
     acc = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
                           precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-    al, be = (scale[0], scale[1]) if scale is not None else (alpha, beta)
-    pre = acc * al
-    if c is not None:
-        pre = pre + be * c.astype(jnp.float32)
-    if bias is not None:
-        pre = pre + bias[:, None, :]
-    d = activate(activation, pre).astype(out_dtype)
-    return [d, pre.astype(out_dtype)] if aux else [d]
+    return epilogue.apply(acc, c, bias, scale, alpha=alpha, beta=beta, activation=activation,
+                          out_dtype=out_dtype, aux=aux)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,8 +253,9 @@ def _jvp(primals, tangents, **params):
     bshape = d.shape
     extra = []
     if not _zero(tc):
-        be = params["beta"] if scale is None else scale[1]
-        extra.append(be * jnp.broadcast_to(tc.astype(jnp.float32), bshape))
+        tc32 = jnp.broadcast_to(tc.astype(jnp.float32), bshape)
+        static_one = scale is None and params["beta"] == 1.0
+        extra.append(tc32 if static_one else (params["beta"] if scale is None else scale[1]) * tc32)
     if scale is not None and not _zero(tscale):
         ab = tcgemm(a, b, transpose_a=params["transpose_a"], transpose_b=params["transpose_b"],
                     out_dtype=np.float32)
@@ -304,7 +276,8 @@ def _jvp(primals, tangents, **params):
         if t is None:
             t = jnp.zeros(d.shape, lin["out_dtype"])
         t = jnp.broadcast_to(t, d.shape)
-        pre_or_t = pre if pre is not None else t
+        # pre is read only for an activation; without one a scalar stands in for it
+        pre_or_t = pre if pre is not None else jnp.zeros((), out_dtype)
         t_out = tcgemm_dbcast_p.bind(pre_or_t, t, *([tb_] if tb_ is not None else []),
                                      activation=act, has_bias=tb_ is not None,
                                      out_dtype=np.dtype(out_dtype))
@@ -346,21 +319,7 @@ def _transpose(cts, *args, **params):
         else:       # dA^T (K, M) = alpha op(B) (K, N) . dC^T (N, M)
             da = tcgemm(b, g, scale=sc, transpose_a=tb, transpose_b=True, out_dtype=acc, **al_kw)
         res[0] = _sum_to(da, av.shape).astype(av.dtype)
-    if ad.is_undefined_primal(b) and b.aval.shape[0] == 1 < ct.shape[0] and not ta:
-        # b shared by the batch: dB = sum_z op(A_z)^T dC_z is one product over the batch's
-        # rows stacked (K = B * M), not B products and a reduction
-        bv = b.aval
-        rows = ct.shape[0] * ct.shape[1]
-        a2 = jnp.broadcast_to(a, (ct.shape[0],) + a.shape[1:]).reshape(1, rows, a.shape[2])
-        g2 = ct.astype(a.dtype).reshape(1, rows, ct.shape[2])
-        if not tb:
-            db = tcgemm(a2, g2, scale=sc, transpose_a=True, transpose_b=False,
-                        out_dtype=bv.dtype, **al_kw)
-        else:
-            db = tcgemm(g2, a2, scale=sc, transpose_a=True, transpose_b=False,
-                        out_dtype=bv.dtype, **al_kw)
-        res[1] = db
-    elif ad.is_undefined_primal(b):
+    if ad.is_undefined_primal(b):
         bv = b.aval
         g = ct.astype(a.dtype)
         acc = np.dtype(np.float32) if bv.shape[0] != g.shape[0] else bv.dtype
@@ -423,9 +382,11 @@ def _dbcast_batch(args, bdims, *, activation, has_bias, out_dtype):
     v = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
     pre, t = args[0], args[1]
     mv = lambda x, d: jnp.broadcast_to(x, (v,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
-    pre, t = mv(pre, bdims[0]), mv(t, bdims[1])
+    t = mv(t, bdims[1])
     shp = t.shape
-    new = [pre.reshape((-1,) + shp[2:]), t.reshape((-1,) + shp[2:])]
+    if activation != "none":  # else pre is an unread scalar stand-in
+        pre = mv(pre, bdims[0]).reshape((-1,) + shp[2:])
+    new = [pre, t.reshape((-1,) + shp[2:])]
     if has_bias:
         tb = mv(args[2], bdims[2])  # (v, Bb, N) -> (v * B, N)
         tb = jnp.broadcast_to(tb, (v, shp[1], tb.shape[-1])).reshape((-1, tb.shape[-1]))
@@ -485,12 +446,15 @@ def _dact_batch(args, bdims, *, activation, has_g, has_dbias, g_dtype, bias_batc
     ct, pre = args
     v = next(x.shape[d] for x, d in zip(args, bdims) if d is not None)
     mv = lambda x, d: jnp.broadcast_to(x, (v,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
-    ct, pre = mv(ct, bdims[0]), mv(pre, bdims[1])
+    ct = mv(ct, bdims[0])
     shp = ct.shape  # (v, B, M, N)
+    live = activation != "none"  # else pre is an unread scalar stand-in
+    if live:
+        pre = mv(pre, bdims[1])
     if bias_batched:
-        new = (ct.reshape((-1,) + shp[2:]), pre.reshape((-1,) + shp[2:]))
+        new = (ct.reshape((-1,) + shp[2:]), pre.reshape((-1,) + shp[2:]) if live else pre)
     else:  # per-item sums over (B, M): rows of one (v * 1, B * M, N) problem
-        new = (ct.reshape((v, -1, shp[3])), pre.reshape((v, -1, shp[3])))
+        new = (ct.reshape((v, -1, shp[3])), pre.reshape((v, -1, shp[3])) if live else pre)
     outs = tcgemm_dact_p.bind(*new, activation=activation, has_g=has_g, has_dbias=has_dbias,
                               g_dtype=g_dtype, bias_batched=True)
     res = []
@@ -527,14 +491,17 @@ for _p in (tcgemm_p, tcgemm_dact_p, tcgemm_dbcast_p):
 tcgemm_p.def_abstract_eval(_abstract_eval)
 tcgemm_dact_p.def_abstract_eval(_dact_abstract)
 tcgemm_dbcast_p.def_abstract_eval(_dbcast_abstract)
-# Over several devices tcgemm_p lowers through custom_partitioning (sharding.py), which binds
-# it again on the local shards; there it lowers directly.
-from . import sharding  # noqa: E402  (it imports tcgemm_p and tcgemm from here)
+# Over several devices tcgemm_p and tcgemm_dact_p lower through custom_partitioning
+# (sharding.py), which binds them again on the local shards; there they lower directly.
 
-mlir.register_lowering(tcgemm_p, sharding.partitioned(_fallback_lowering))
-mlir.register_lowering(tcgemm_p, sharding.partitioned(_cuda_lowering), platform="cuda")
-mlir.register_lowering(tcgemm_dact_p, mlir.lower_fun(_dact_ref, multiple_results=True))
-mlir.register_lowering(tcgemm_dact_p, _dact_cuda, platform="cuda")
+_gemm, _dact = sharding.gemm_rule, sharding.dact_rule
+mlir.register_lowering(tcgemm_p, sharding.partitioned(_fallback_lowering, tcgemm_p, _gemm))
+mlir.register_lowering(tcgemm_p, sharding.partitioned(_cuda_lowering, tcgemm_p, _gemm),
+                       platform="cuda")
+mlir.register_lowering(tcgemm_dact_p, sharding.partitioned(
+    mlir.lower_fun(_dact_ref, multiple_results=True), tcgemm_dact_p, _dact))
+mlir.register_lowering(tcgemm_dact_p, sharding.partitioned(_dact_cuda, tcgemm_dact_p, _dact),
+                       platform="cuda")
 mlir.register_lowering(tcgemm_dbcast_p, mlir.lower_fun(_dbcast_ref, multiple_results=False))
 batching.primitive_batchers[tcgemm_p] = _batch_rule
 batching.primitive_batchers[tcgemm_dact_p] = _dact_batch

@@ -1,16 +1,27 @@
 """Sharding of tcgemm_p: `jax.experimental.custom_partitioning` with a Shardy sharding rule.
 
 When a module is SPMD-partitioned over more than one device (`jax.jit` over a mesh), tcgemm_p
-lowers through `_partitioned`, a custom_partitioning function whose Shardy rule says
+lowers through `_partitioned`, a custom_partitioning function whose Shardy rule is
 
-    a (b m k) or (b k m), b (b k n) or (b n k)  ->  (b m n),   k a reduction factor
+    a (b m k) or (b k m), b (b k n) or (b n k), [c (b m n)], [bias (b n)], [scale (s)]
+        -> d (b m n), [pre (b m n)]                   k a reduction factor
 
-so batch (b), M and N shard freely (no all-gather of operands: each device runs the GEMM on
-its shard) and a sharded K gives local float32 partial products, a psum (all-reduce), and one
-rounding to out_dtype afterwards. A shared batch-1 operand has its own size-1 batch factor.
-`partition` turns the shardings Shardy chose into one consistent assignment of mesh axes to
-(batch, M, N, K) and binds tcgemm_p on the local operands with config and split_k planned
-for the LOCAL shapes; there the module is fully manual, so tcgemm_p lowers directly.
+A shared batch-1 operand, and each size-1 (broadcast) dim of c or bias, has its own size-1
+factor; scale (traced [alpha, beta]) is its own factor, replicated. `partition` turns the
+shardings Shardy chose into one assignment of mesh axes to (batch, M, N, K) and runs, on the
+local shards (there the module is fully manual, so tcgemm_p lowers directly and the CUDA
+lowering plans config and split for the LOCAL shapes):
+
+* batch / M / N sharded: the whole fused op on the local shards of a, b, c and bias (no
+  operand is gathered);
+* K sharded: each device's partial product alpha-free in float32 without epilogue, one psum
+  (all-reduce) over the K axes, then the epilogue once on the sum in float32 (`epilogue`:
+  the formula of primitive.reference) and one rounding to out_dtype. c and bias stay sharded
+  like the result along batch / M / N.
+
+tcgemm_dact_p (the backward of the epilogue: g = ct * act'(pre), dbias = column sums of g)
+has a rule too (`dact_rule`: elementwise over (b m n), dbias (b n) or (zb n)): it runs on the
+local shards and psums the partial bias gradients over the sharded rows (and batch).
 
 Lowered directly (no custom_partitioning), always correct: one device; inside `shard_map`
 (all axes manual: the primitive already sees local shapes); `jax.export` (custom_partitioning
@@ -21,27 +32,43 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .primitive import tcgemm, tcgemm_p
-from .problem import dims as _dims, has_epilogue
+from . import epilogue as _epilogue
+from .problem import dims as _dims, split_operands
+
+_RESULT = ("b", "m", "n")
+_OWN = ("sa", "sb", "cb", "cm", "cn", "zb", "s")  # size-1 (or scale) factors: never sharded
+
+
+class _MeshNote(NamedTuple):
+    """The mesh of a module, noted (in its keepalives) by the first lowering that found it."""
+    mesh: object
 
 
 def _mesh_of(ctx):
     """The abstract mesh jit partitions this module over, or None: from the axis context if
     jit put it there, else from the operands' avals (jax 0.11 gives every aval under a
-    multi-device jit a NamedSharding on the mesh, Auto axes included)."""
-    ac = ctx.module_context.axis_context
+    multi-device jit a NamedSharding on the mesh, Auto axes included, but not the results of
+    our primitives, whose abstract evaluation gives no sharding), else as noted by an earlier
+    lowering in this module (the forward product of the backward's tcgemm_dact_p)."""
+    mc = ctx.module_context
+    ac = mc.axis_context
     candidates = [getattr(ac, "abstract_mesh", None)]
     candidates += [getattr(getattr(av, "sharding", None), "mesh", None) for av in ctx.avals_in]
-    for mesh in candidates:
+    noted = [x.mesh for x in getattr(mc, "keepalives", ()) if isinstance(x, _MeshNote)]
+    for mesh in candidates + noted:
         if mesh is not None and not mesh.empty and mesh.size == ac.num_devices:
+            if not noted:
+                mc.add_keepalive(_MeshNote(mesh))
             return mesh
     return None
 
@@ -57,7 +84,8 @@ def _partitioning_context(ctx):
     registry, but custom_partitioning only needs devices to build a Mesh of the right shape
     (shardings become HLO shardings by mesh position, never by device id), so when jit left
     `device_assignment` unset we fill in the first `num_devices` devices of the lowering
-    platform for the mesh of the operands. Export is excluded: custom_partitioning callbacks are not serializable.
+    platform for the mesh of the operands. Export is excluded: custom_partitioning callbacks
+    are not serializable.
     """
     mc = ctx.module_context
     ac = mc.axis_context
@@ -79,51 +107,83 @@ def _partitioning_context(ctx):
     return ctx.replace(module_context=mc.replace(axis_context=ac))
 
 
-def partitioned(direct_lowering):
-    """A tcgemm_p lowering rule: through custom_partitioning when jit partitions the module
-    over several devices (see `_partitioning_context`), else `direct_lowering`."""
+class Rule(NamedTuple):
+    """Factor names of each operand's and result's dims (storage order), the reduction factors
+    (summed over by the op) and those that must stay replicated."""
+    operands: tuple
+    results: tuple
+    reduction: tuple
+    replicated: tuple
+
+
+def gemm_rule(shapes, params):
+    """tcgemm_p's factors from its operands' shapes: the result is (b m n) and k is contracted.
+    A dim that broadcasts (size 1 where the result's is larger) has its own factor: sa / sb (a
+    shared operand's batch), cb / cm / cn (c), zb (bias); scale is s."""
+    ta, tb = params["transpose_a"], params["transpose_b"]
+    a, b, c, bias, scale = split_operands(shapes, params["has_c"], params["has_bias"],
+                                          params["has_scale"])
+    bt, m, n, _, _ = _dims(a, b, ta, tb)
+    ops = [("sa" if a[0] != bt else "b",) + (("k", "m") if ta else ("m", "k")),
+           ("sb" if b[0] != bt else "b",) + (("n", "k") if tb else ("k", "n"))]
+    if c is not None:
+        ops.append(tuple(f if size == full else "c" + f
+                         for f, size, full in zip(_RESULT, c, (bt, m, n))))
+    if bias is not None:
+        ops.append(("b" if bias[0] == bt else "zb", "n"))
+    if scale is not None:
+        ops.append(("s",))
+    own = tuple(f for f in _OWN if any(f in fs for fs in ops))
+    return Rule(tuple(ops), (_RESULT,) * (2 if params["aux"] else 1), ("k",), own)
+
+
+def dact_rule(shapes, params):
+    """tcgemm_dact_p(ct, pre) -> [g], [dbias]: elementwise over (b m n); dbias (b n) sums over
+    m, or (zb n) over b and m when shared by the batch. pre is a scalar stand-in without an
+    activation."""
+    pre = _RESULT if len(shapes[1]) else ()
+    results = ((_RESULT,) if params["has_g"] else ())
+    if params["has_dbias"]:
+        results += (("b", "n") if params["bias_batched"] else ("zb", "n"),)
+    # (Shardy: a reduction factor may be in no result; with g, the sums are in partition)
+    reduction = tuple(f for f in ("b", "m") if not any(f in r for r in results))
+    shared = params["has_dbias"] and not params["bias_batched"]
+    return Rule((_RESULT, pre), results, reduction, ("zb",) if shared else ())
+
+
+def partitioned(direct_lowering, prim, rule):
+    """A lowering rule of primitive `prim` (tcgemm_p with rule=gemm_rule, tcgemm_dact_p with
+    rule=dact_rule): through custom_partitioning when jit partitions the module over several
+    devices (see `_partitioning_context`), else `direct_lowering`."""
+
     def lowering(ctx, *args, **params):
         pctx = _partitioning_context(ctx)
-        if pctx is None or has_epilogue(params) or params["has_scale"]:  # TODO(epilogue rule)
+        if pctx is None:
             return direct_lowering(ctx, *args, **params)
-        a, b = args
-        a_aval, b_aval = ctx.avals_in
-        ta, tb = params["transpose_a"], params["transpose_b"]
-        bt = _dims(a_aval.shape, b_aval.shape, ta, tb)[0]
-        shared = (bt > 1 and a_aval.shape[0] == 1, bt > 1 and b_aval.shape[0] == 1)
+        factors = rule([av.shape for av in ctx.avals_in], params)
         static = tuple(sorted(params.items()))  # hashable; the global-shape params
 
-        def fun(x, y):  # the op custom_partitioning stands for (its unpartitioned semantics)
-            return _partitioned(x, y, ta, tb, np.dtype(params["out_dtype"]), *shared, static)
-        return mlir.lower_fun(lambda x, y: [fun(x, y)], multiple_results=True)(pctx, a, b)
+        def fun(*xs):  # the op custom_partitioning stands for (its unpartitioned semantics)
+            return _partitioned(prim, static, factors, *xs)
+        return mlir.lower_fun(fun, multiple_results=True)(pctx, *args)
     return lowering
 
 
-def _bind(a, b, transpose_a, transpose_b, out_dtype, a_shared, b_shared, params):
-    del transpose_a, transpose_b, out_dtype, a_shared, b_shared  # also in params
-    return tcgemm_p.bind(a, b, **dict(params))[0]
+def _bind(prim, static, factors, *operands):
+    del factors  # derived from the operands' shapes
+    return prim.bind(*operands, **dict(static))
 
 
-_STATIC = (2, 3, 4, 5, 6, 7)  # transpose_a, transpose_b, out_dtype, a_shared, b_shared, params
-_partitioned = custom_partitioning(_bind, static_argnums=_STATIC)
+_partitioned = custom_partitioning(_bind, static_argnums=(0, 1, 2))
 
 
-def _operand_factors(transpose_a, transpose_b, a_shared, b_shared):
-    """Factor names of a's and b's dims (in storage order). A shared (batch-1) operand's
-    batch dim is its own size-1 factor, never the result's batch `b`."""
-    a = ["sa" if a_shared else "b"] + (["k", "m"] if transpose_a else ["m", "k"])
-    b = ["sb" if b_shared else "b"] + (["n", "k"] if transpose_b else ["k", "n"])
-    return a, b
-
-
-def sharding_rule(transpose_a, transpose_b, out_dtype, a_shared, b_shared, params, mesh,
-                  operand_types, result_types):
-    """The Shardy rule, e.g. 'b m k, b k n -> b m n' with k a reduction factor."""
-    del out_dtype, params, mesh, operand_types, result_types
-    a, b = _operand_factors(transpose_a, transpose_b, a_shared, b_shared)
-    shared = tuple(f for f in ("sa", "sb") if f in a + b)
-    rule = f"{' '.join(a)}, {' '.join(b)} -> b m n"
-    return rule, {"reduction_factors": ("k",), "need_replication_factors": shared}
+def sharding_rule(prim, static, factors, mesh, operand_types, result_types):
+    """The Shardy rule, e.g. 'b m k, b k n, cb m n, zb n -> b m n, b m n' (k: reduction)."""
+    del prim, static, mesh, operand_types, result_types
+    rule = " -> ".join(", ".join(" ".join(f) for f in side)
+                       for side in (factors.operands, factors.results))
+    return rule, {"reduction_factors": factors.reduction,
+                  "need_replication_factors": factors.replicated}
 
 
 def _axes(sharding, dim):
@@ -135,23 +195,20 @@ def _axes(sharding, dim):
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def _assign(mesh, a_sh, b_sh, transpose_a, transpose_b, a_shared, b_shared, k_size):
-    """One consistent assignment {factor: mesh axes} from the operand shardings XLA proposes:
-    batch from a batched operand, M from a, N from b, K from a (else b); a mesh axis is used
-    once; a K that its axes do not divide evenly is not sharded (padding would be summed)."""
-    fa, fb = _operand_factors(transpose_a, transpose_b, a_shared, b_shared)
-    proposals = {
-        "b": _axes(a_sh, 0) if not a_shared else _axes(b_sh, 0) if not b_shared else (),
-        "m": _axes(a_sh, fa.index("m")),
-        "n": _axes(b_sh, fb.index("n")),
-        "k": _axes(a_sh, fa.index("k")) or _axes(b_sh, fb.index("k")),
-    }
+def _assign(mesh, factors, shardings, even):
+    """One consistent assignment {factor: mesh axes} from the shardings XLA proposes (operands
+    in order, then the results): each of b, m, n, k takes the axes of the first array that
+    shards it; a mesh axis is used once; a factor of `even` ({factor: size}: one the local op
+    sums over) that its axes do not divide evenly is not sharded (padding would be summed)."""
     used, out = set(), {}
     for factor in ("b", "m", "n", "k"):
-        out[factor] = tuple(ax for ax in proposals[factor] if ax not in used)
-        used.update(out[factor])
-    if k_size % math.prod(mesh.shape[ax] for ax in out["k"]):
-        out["k"] = ()
+        proposal = next((ax for fs, sh in zip(factors, shardings) if factor in fs
+                         for ax in [_axes(sh, fs.index(factor))] if ax), ())
+        axes = tuple(ax for ax in proposal if ax not in used)
+        if factor in even and even[factor] % math.prod(mesh.shape[ax] for ax in axes):
+            axes = ()
+        out[factor] = axes
+        used.update(axes)
     return out
 
 
@@ -159,30 +216,53 @@ def _spec(factors, assignment):
     return P(*(assignment.get(f) or None for f in factors))
 
 
-def partition(transpose_a, transpose_b, out_dtype, a_shared, b_shared, params, mesh,
-              arg_shapes, result_shape):
-    del params, result_shape  # re-planned for the local shapes; result follows the operands
-    a_shape, b_shape = arg_shapes
-    a_sh, b_sh = a_shape.sharding, b_shape.sharding
-    if not (isinstance(a_sh, NamedSharding) and isinstance(b_sh, NamedSharding)):
+def _gemm_local(prim, params, k_axes):
+    """tcgemm_p on the local shards: the whole fused op, or with K sharded the float32 partial
+    product without epilogue, its psum over `k_axes`, and the epilogue once."""
+    def lower_fn(*operands):
+        if not k_axes:
+            return prim.bind(*operands, **params)
+        a, b, c, bias, scale = split_operands(operands, params["has_c"], params["has_bias"],
+                                              params["has_scale"])
+        acc = prim.bind(a, b, **dict(
+            params, out_dtype=np.dtype(np.float32), alpha=1.0, beta=0.0, activation="none",
+            has_c=False, has_bias=False, has_scale=False, aux=False, overwrite_c=False))[0]
+        return _epilogue.apply(lax.psum(acc, k_axes), c, bias, scale, **params)
+    return lower_fn
+
+
+def _dact_local(prim, params, axes):
+    """tcgemm_dact_p on the local shards; the partial bias gradients summed over the sharded
+    row (and, for a bias shared by the batch, batch) axes."""
+    reduce_axes = axes["m"] + (() if params["bias_batched"] else axes["b"])
+
+    def lower_fn(ct, pre):
+        outs = list(prim.bind(ct, pre, **params))
+        if params["has_dbias"] and reduce_axes:
+            outs[-1] = lax.psum(outs[-1], reduce_axes)
+        return outs
+    return lower_fn
+
+
+def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
+    params = dict(static)
+    shardings = [s.sharding for s in (*arg_shapes, *result_shapes)]
+    if not all(isinstance(s, NamedSharding) for s in shardings):
         raise NotImplementedError(
-            f"jax_tcgemm: sharded tcgemm needs NamedShardings over a mesh; got {a_sh}, {b_sh}")
-    k_size = _dims(a_shape.shape, b_shape.shape, transpose_a, transpose_b)[3]
-    axes = _assign(mesh, a_sh, b_sh, transpose_a, transpose_b, a_shared, b_shared, k_size)
-    fa, fb = _operand_factors(transpose_a, transpose_b, a_shared, b_shared)
-    k_axes = axes["k"]
-    local_dtype = np.dtype(np.float32) if k_axes else out_dtype
-
-    def lower_fn(a, b):  # on per-device shapes: tcgemm() plans config (and split) for them
-        out = tcgemm(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
-                     out_dtype=local_dtype)
-        if k_axes:  # partial products over K shards: sum in float32, round once
-            out = lax.psum(out, k_axes).astype(out_dtype)
-        return out
-
-    arg_shardings = (NamedSharding(mesh, _spec(fa, axes)), NamedSharding(mesh, _spec(fb, axes)))
-    out_sharding = NamedSharding(mesh, _spec(("b", "m", "n"), axes))
-    return mesh, lower_fn, out_sharding, arg_shardings
+            f"jax_tcgemm: sharded {prim} needs NamedShardings over a mesh; got {shardings}")
+    if prim.name == "tcgemm":
+        even = {"k": _dims(arg_shapes[0].shape, arg_shapes[1].shape, params["transpose_a"],
+                           params["transpose_b"])[3]}
+    else:  # the bias gradient sums over m (and b for a bias shared by the batch)
+        bt, m, _ = arg_shapes[0].shape
+        even = {} if not params["has_dbias"] else {"m": m} if params["bias_batched"] else {
+            "m": m, "b": bt}
+    axes = _assign(mesh, factors.operands + factors.results, shardings, even)
+    lower_fn = (_gemm_local(prim, params, axes["k"]) if prim.name == "tcgemm"
+                else _dact_local(prim, params, axes))
+    arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
+    out_shardings = [NamedSharding(mesh, _spec(f, axes)) for f in factors.results]
+    return mesh, lower_fn, out_shardings, arg_shardings
 
 
 _partitioned.def_partition(partition, sharding_rule=sharding_rule)

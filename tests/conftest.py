@@ -5,13 +5,18 @@
   TCGEMM_REQUIRE_GPU=1 in the environment (the GPU check script sets it) the same conditions
   FAIL those tests instead, so a GPU run can never pass by silently skipping everything.
 * Helpers (import them with `from conftest import ...`): `rand` (fresh random normal inputs),
-  `ref64` (float64 numpy reference of the already-rounded inputs), `rel_err` (relative
-  Frobenius error), `BOUNDS` / `bound` (per-output-dtype error bounds, DESIGN §7).
+  `ref64` (float64 numpy reference of the already-rounded inputs), `epilogue_ref64` /
+  `epilogue64` (the same with the fused epilogue), `act64` / `act_grad64` (the activations
+  and their derivatives in float64), `rel_err` (relative Frobenius error), `BOUNDS` / `bound`
+  (per-output-dtype error bounds, DESIGN §7). All run on the CPU. `poisoned` /
+  `poisoned_twice`: outputs written into donated NaN-filled buffers (any backend).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import warnings
 
 # Several CPU devices for the sharding tests (tests/test_sharding.py). XLA reads this flag once,
 # when jax starts its backends, so it is set here, before anything imports jax, and appended to
@@ -41,8 +46,7 @@ def _gpu_problem() -> str | None:
         return NO_GPU_REASON
     from jax_tcgemm import _ffi
     if not _ffi.available():
-        return ("CUDA extension jax_tcgemm._tcgemm not built/loadable "
-                f"({type(_ffi._LOAD_ERROR).__name__}: {_ffi._LOAD_ERROR})")
+        return f"CUDA extension jax_tcgemm._tcgemm not built/loadable ({_ffi._LOAD_ERROR})"
     return None
 
 
@@ -149,3 +153,123 @@ def assert_close(out, ref, out_dtype, k=1, what=""):
     lim = bound(out_dtype, k)
     assert err <= lim, f"{what}: relative error {err:.3g} > bound {lim:.3g} ({np.dtype(out_dtype)})"
     return err
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused epilogue in float64: D = act(alpha * op(a) @ op(b) + beta * c + bias).
+
+def _erf(x):
+    from scipy.special import erf  # a jax dependency
+    return erf(x)
+
+
+def act64(name, x) -> np.ndarray:
+    """The epilogue's activation (problem.ACTIVATIONS; None is "none") in float64."""
+    x = np.asarray(x, np.float64)
+    if name in (None, "none"):
+        return x
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    if name == "gelu_tanh":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def act_grad64(name, x) -> np.ndarray:
+    """d act / dx in float64 (relu: 0 at 0, as jax.nn.relu's derivative)."""
+    x = np.asarray(x, np.float64)
+    if name in (None, "none"):
+        return np.ones_like(x)
+    if name == "relu":
+        return (x > 0).astype(np.float64)
+    if name == "gelu":
+        return 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+    if name == "gelu_tanh":
+        c = np.sqrt(2.0 / np.pi)
+        t = np.tanh(c * (x + 0.044715 * x ** 3))
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+    if name == "silu":
+        s = 1.0 / (1.0 + np.exp(-x))
+        return s * (1.0 + x * (1.0 - s))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+# Largest |act'| over the reals (gelu: 1.129, gelu_tanh: 1.129, silu: 1.100): how much an
+# error in the pre-activation can grow through the activation.
+ACT_LIPSCHITZ = 1.13
+
+
+def epilogue64(ab, c=None, bias=None, *, alpha=1.0, beta=0.0, activation=None):
+    """(d, pre) in float64 from the float64 product ab: pre = alpha * ab + beta * c + bias,
+    d = act(pre). A 2-D bias is (B or 1, N) of a rank-3 product (tcgemm_p's form), a 1-D one
+    (N,); c broadcasts to the result."""
+    pre = float(alpha) * np.asarray(ab, np.float64)
+    if c is not None:
+        pre = pre + float(beta) * f64(c)
+    if bias is not None:
+        bias = f64(bias)
+        pre = pre + (bias[:, None, :] if bias.ndim == 2 else bias)
+    return act64(activation, pre), pre
+
+
+def epilogue_ref64(a, b, c=None, bias=None, *, alpha=1.0, beta=0.0, activation=None,
+                   transpose_a=False, transpose_b=False):
+    """(d, pre) in float64 of the already-rounded operands (ref64, then epilogue64)."""
+    ab = ref64(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    return epilogue64(ab, c, bias, alpha=alpha, beta=beta, activation=activation)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs written into NaN-poisoned buffers.
+
+_COPY = re.compile(r"\scopy(-start)?\(")
+
+
+def poisoned(fn, poisons, *args):
+    """Compiles fn(*args) -> list of arrays with `poisons` (device arrays, one per output, same
+    shape and dtype, e.g. NaN-filled) donated, so that XLA writes each output into its poison
+    buffer and an element the kernel never writes keeps the poison. Returns
+    run(poisons, *args) -> (outputs, flags); flags[i]: output i really was written in place
+    (same address, no copy in the executable). Each call needs fresh poisons (donated)."""
+    jitted = jax.jit(lambda ps, *xs: fn(*xs), donate_argnums=0, keep_unused=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+        compiled = jitted.lower(poisons, *args).compile()
+    in_place = not _COPY.search(compiled.as_text() or "")
+
+    def run(poisons, *args):
+        ptrs = [p.unsafe_buffer_pointer() if p.size else None for p in poisons]
+        outs = compiled(poisons, *args)
+        return outs, [in_place and p is not None and o.unsafe_buffer_pointer() == p
+                      for o, p in zip(outs, ptrs)]
+    return run
+
+
+def poisoned_call(fn, poisons, *args):
+    """poisoned(...) compiled and run once."""
+    return poisoned(fn, poisons, *args)(poisons, *args)
+
+
+def nan_filled(avals):
+    """Fresh device buffers of the given shapes / dtypes, filled with NaN on the host (no
+    device compile per shape)."""
+    return [jax.device_put(np.full(a.shape, np.nan, a.dtype)) for a in avals]
+
+
+def poisoned_twice(fn, *args):
+    """fn(*args) -> list of arrays, compiled once and run twice, each run into fresh NaN-filled
+    buffers donated for its outputs (`poisoned`): an element never written stays NaN, a racy or
+    non-deterministic one differs between the runs. Returns (the second run's outputs as host
+    arrays, per output whether both runs agree bitwise, how many outputs of the second run were
+    written in place)."""
+    avals = jax.eval_shape(fn, *args)
+    run = poisoned(fn, nan_filled(avals), *args)
+    first = [np.asarray(x) for x in run(nan_filled(avals), *args)[0]]
+    outs, flags = run(nan_filled(avals), *args)
+    outs = [np.asarray(x) for x in outs]
+    same = [np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(first, outs)]
+    return outs, same, sum(bool(f) for f in flags)

@@ -1,15 +1,19 @@
-"""CPU tests of jax_tcgemm.bench: case tables (DESIGN §8), the R rule, the CLI, the no-GPU path
-and, with --force, the timing harness end to end on tiny shapes."""
+"""CPU tests of jax_tcgemm.bench and jax_tcgemm.timing: case tables (DESIGN §8, the epilogue
+suite of issue 22), the R rule, the CLI, the no-GPU path, the import structure and, with
+--force, the timing harness end to end on tiny shapes (GEMM and epilogue rows)."""
 import importlib.util
 import itertools
 import json
 import math
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jax_tcgemm import bench
+from jax_tcgemm import bench, timing
 
 ON_GPU = jax.default_backend() == "gpu"
 ROW_FIELDS = {"name", "m", "n", "k", "batch", "dtype", "layout", "config",
@@ -42,10 +46,119 @@ def test_other_suites_match_design():
     f32 = bench.cases("f32", ("float16", "bfloat16"))
     assert [(c.m, c.n, c.k, c.dtype) for c in f32] == [(4096, 4096, 4096, "float32")]
     every = bench.cases("all", ("float16", "bfloat16"))
-    assert len(every) == 2 * (5 + 20 + 2 + 2) + 1
+    assert len(every) == 2 * (5 + 20 + 2 + 2) + 1 + 5
     assert len({(c.name, c.dtype) for c in every}) == len(every)
     with pytest.raises(ValueError, match="unknown suite"):
         bench.cases("nope")
+
+
+EPILOGUE_ROWS = [  # issue 22's table: name, (m, n, k), dtype, op, activation
+    ("epilogue_seed001", (4096, 4096, 4096), "float16", "axpby", None),
+    ("epilogue_bias_gelu_tanh", (8192, 16384, 4096), "bfloat16", "bias_act", "gelu_tanh"),
+    ("epilogue_bias_relu", (8192, 16384, 4096), "bfloat16", "bias_act", "relu"),
+    ("epilogue_fwd_bwd_bias_gelu", (8192, 16384, 4096), "bfloat16", "fwd_bwd", "gelu_tanh"),
+    ("epilogue_decode_bias_gelu", (16, 14336, 4096), "bfloat16", "bias_act", "gelu_tanh"),
+]
+
+
+def test_epilogue_suite_rows():
+    for dtypes in (("float16",), ("float16", "bfloat16")):  # fixed dtypes, whatever --dtype says
+        epi = bench.cases("epilogue", dtypes)
+        assert [(c.name, (c.m, c.n, c.k), c.dtype, c.op, c.activation) for c in epi] == EPILOGUE_ROWS
+    assert all(c.batch == 1 and c.layout == "NN" and not c.vmap for c in epi)
+    by = {c.name: c for c in epi}
+    seed = by["epilogue_seed001"]
+    assert seed.out_dtype == "float32" and bench.AXPBY == (1.1, 1.2)
+    assert seed.flops == 2 * 4096 ** 3
+    assert by["epilogue_fwd_bwd_bias_gelu"].flops == 3 * 2 * 8192 * 16384 * 4096  # 3 GEMMs
+    assert by["epilogue_bias_relu"].flops == 2 * 8192 * 16384 * 4096
+    assert by["epilogue_bias_relu"].out_dtype == "bfloat16"
+    assert seed.nbytes() == (4096 ** 2 * 2, 4096 ** 2 * 2, 2 * 4096 ** 2 * 4)  # C in, D out
+    # R: ~4 TFLOP a call (the fwd_bwd row is one call of 3.3 TFLOP; decode is capped at 64)
+    assert [bench.choose_reps(c.flops) for c in epi] == [29, 4, 4, 1, 64]
+    # the default run (no --suite) includes them, beside the GEMM suites
+    default = bench.select_cases(bench._parser().parse_args([]))
+    assert [c.name for c in default if c.suite == "epilogue"] == [r[0] for r in EPILOGUE_ROWS]
+    assert {c.suite for c in default} == set(bench.SUITES) and "epilogue" in bench.SUITES
+    sel = bench.select_cases(bench._parser().parse_args(["--suite", "epilogue", "--cases",
+                                                         "*bias_relu,*seed001"]))
+    assert [c.name for c in sel] == ["epilogue_seed001", "epilogue_bias_relu"]
+
+
+@pytest.mark.parametrize("name", ("relu", "gelu", "gelu_tanh", "silu", None))
+def test_np_act_matches_jax(name):
+    """The bench's float64 activations (and derivatives) are jax.nn's."""
+    x = np.linspace(-4, 4, 101)
+    fn = {None: lambda v: v, "relu": jax.nn.relu, "silu": jax.nn.silu,
+          "gelu": lambda v: jax.nn.gelu(v, approximate=False),
+          "gelu_tanh": lambda v: jax.nn.gelu(v, approximate=True)}[name]
+    with jax.default_device(jax.devices("cpu")[0]):
+        xs = jnp.asarray(x[x != 0], jnp.float32)  # relu' is undefined at 0
+        want, dwant = np.asarray(fn(xs)), np.asarray(jax.vmap(jax.grad(fn))(xs))
+    np.testing.assert_allclose(bench.np_act(name, x[x != 0]), want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(bench.np_act(name, x[x != 0], grad=True), dwant, rtol=2e-6, atol=2e-6)
+
+
+def tiny_epilogue(monkeypatch, max_r=3):
+    """The epilogue suite at tiny shapes (edges of 16-row tiles, K not a tile multiple)."""
+    monkeypatch.setattr(timing, "EPILOGUE", (
+        ("epilogue_seed001", 40, 48, 72, "float16", "axpby", None),
+        ("epilogue_bias_gelu_tanh", 72, 40, 56, "bfloat16", "bias_act", "gelu_tanh"),
+        ("epilogue_bias_relu", 72, 40, 56, "bfloat16", "bias_act", "relu"),
+        ("epilogue_fwd_bwd_bias_gelu", 72, 40, 56, "bfloat16", "fwd_bwd", "gelu_tanh"),
+        ("epilogue_decode_bias_gelu", 16, 96, 64, "bfloat16", "bias_act", "gelu_tanh")))
+    monkeypatch.setattr(timing, "MAX_R", max_r)
+    return bench.cases("epilogue")
+
+
+def test_epilogue_sides_compute_the_same_math(monkeypatch):
+    """Per epilogue case: ours is all tcgemm (no dot_general, also in the gradient), the jnp
+    composite and the dot side are stock jnp; ours and jnp agree; epilogue_error measures
+    ours against float64 within the output dtype's bound, and flags a wrong result."""
+    for case in tiny_epilogue(monkeypatch):
+        ops = bench.epilogue_ops(case)
+        a_list, shared = bench.epilogue_operands(case, 2)
+        assert len(a_list) == 2 and not np.array_equal(a_list[0], a_list[1])
+        text = {side: str(jax.make_jaxpr(op)(a_list[0], *shared)) for side, op in ops.items()}
+        assert "tcgemm" in text["tcgemm"] and "dot_general" not in text["tcgemm"], case.name
+        assert "tcgemm" not in text["jnp"] + text["dot"] and "dot_general" in text["dot"]
+        if case.op == "fwd_bwd":
+            assert text["tcgemm"].count("tcgemm[") == 3 and "tcgemm_dact" in text["tcgemm"]
+        outs = {side: jax.jit(ops[side])(a_list[0], *shared) for side in ("tcgemm", "jnp")}
+        err, parts = bench.epilogue_error(case, outs["tcgemm"], a_list[0], shared)
+        jerr, _ = bench.epilogue_error(case, outs["jnp"], a_list[0], shared)
+        assert 0 < err <= bench.tolerance(case, jerr), (case.name, err, jerr)
+        assert (set(parts) == {"dx", "dw", "dbias"}) == (case.op == "fwd_bwd")
+        wrong = jax.tree.map(lambda y: y * 1.01, outs["tcgemm"])  # 1% off: far beyond any bound
+        assert bench.epilogue_error(case, wrong, a_list[0], shared)[0] > 5e-3, case.name
+
+
+
+def test_tolerance_by_output_dtype():
+    seed, gelu = bench.cases("epilogue")[:2]
+    assert bench.tolerance(seed, 1e-7) == pytest.approx(2e-5)  # float32 out, K = 4096
+    assert bench.tolerance(gelu, 1e-3) == 5e-3 and bench.tolerance(gelu, 4e-3) == 8e-3
+    sq = bench.cases("square", ("float16",))[0]
+    assert bench.tolerance(sq, float("nan")) == 1e-3
+
+
+def test_epilogue_suite_end_to_end(tmp_path, monkeypatch, capsys):
+    """--suite epilogue --force on tiny shapes: the five rows in order, each with the GEMM rows'
+    fields plus dot_tflops, timed against the jnp composite and jnp.dot in one run."""
+    tiny_epilogue(monkeypatch)
+    out = tmp_path / "epi.json"
+    rc = bench.main(["--force", "--suite", "epilogue", "--reps", "7", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == [r[0] for r in EPILOGUE_ROWS]
+    for r in rows:
+        assert ROW_FIELDS | {"dot_tflops", "vs_dot", "jnp_vs_dot"} <= set(r) and "error" not in r, r
+        assert r["tcgemm_tflops"] > 0 and r["jnp_tflops"] > 0 and r["dot_tflops"] > 0
+        assert r["err_ok"] and r["tg_path"] == "tcgemm" and r["reps"] == 7 and r["r"] == 3, r
+        assert 0 < r["rel_err"] < (2e-5 if r["name"] == "epilogue_seed001" else 5e-3), r
+    assert set(rows[3]["rel_err_parts"]) == {"dx", "dw", "dbias"}
+    assert "[dot " in text and "geomean ratio tcgemm/jnp  epilogue" in text
 
 
 def test_case_flops_and_bytes():
@@ -112,10 +225,43 @@ def test_time_fn_counts_warmup_and_reps():
         calls.append(1)
         return x + 1
 
-    t = bench.time_fn(fn, (jnp.ones(4),), reps=7, warmup=2)
+    t = timing.time_fn(fn, (jnp.ones(4),), reps=7, warmup=2)
     assert t > 0 and len(calls) == 9
-    times = bench.time_fns({"a": fn, "b": fn}, (jnp.ones(4),), reps=7)
+    times = timing.time_fns({"a": fn, "b": fn}, (jnp.ones(4),), reps=7)
     assert [len(v) for v in times.values()] == [7, 7] and len(calls) == 9 + 18
+    assert timing.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
+    # bench keeps the names tools/ use, and they are timing's
+    assert bench.time_fn is timing.time_fn and bench._harness is timing.harness
+    assert bench.harness_operands is timing.harness_operands
+
+
+def test_harness_one_barrier_per_product():
+    """timing.harness: R products over R distinct A's and shared operands, each product's
+    operands through their own optimization_barrier (none without barrier)."""
+    a_list, b = timing.harness_operands(3, (8, 16), (16, 4), jnp.float16, 16)
+    c = jnp.ones((8, 4), jnp.float32)
+    op = lambda a, b, c: jnp.dot(a, b, preferred_element_type=jnp.float32) + c  # noqa: E731
+    for barrier, count in ((True, 3), (False, 0)):
+        f = timing.harness(op, barrier)
+        assert str(jax.make_jaxpr(f)(a_list, b, c)).count("optimization_barrier") == count
+        outs = f(a_list, b, c)
+        assert len(outs) == 3
+        for a, o in zip(a_list, outs):
+            np.testing.assert_allclose(o, op(a, b, c), rtol=1e-6)
+    assert not np.array_equal(a_list[0], a_list[1]) and float(jnp.std(b.astype(jnp.float32))) > 0
+
+
+def test_import_structure():
+    """`import jax_tcgemm` loads no bench, timing or autotune module (nor flax); autotune and
+    timing never import the bench CLI."""
+    code = ("import sys, jax_tcgemm; print(sorted(m for m in sys.modules if m.startswith("
+            "('jax_tcgemm.bench', 'jax_tcgemm.timing', 'jax_tcgemm.autotune', 'flax'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    code = ("import sys, jax_tcgemm.autotune, jax_tcgemm.timing; "
+            "print('jax_tcgemm.bench' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 @pytest.mark.skipif(ON_GPU, reason="the no-GPU path only runs without a GPU")
@@ -126,6 +272,7 @@ def test_main_without_gpu_runs_demo_and_writes_nothing(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "No GPU found" in text and "meaningless" in text
     assert "(2, 33, 65)" in text and "(2, 33, 17)" in text and text.rstrip().endswith("OK")
+    assert "activation='gelu_tanh'" in text and "rel_err vs float64" in text
     assert not out.exists() and not png.exists()
 
 
@@ -203,6 +350,10 @@ def test_pack_ab_tool_runs(monkeypatch, capsys):
     """tools/pack_ab.py (pitch packing on / off / jnp.dot in one harness run) on a tiny product:
     one line with three positive timings; a product this small never packs."""
     import pathlib
+    from jax_tcgemm import configs
+    if not configs.CONFIGS:
+        pytest.skip("the tool plans with the config table, read from the built extension "
+                    "jax_tcgemm._tcgemm (not built here)")
     spec = importlib.util.spec_from_file_location(
         "pack_ab", pathlib.Path(__file__).parents[1] / "tools" / "pack_ab.py")
     tool = importlib.util.module_from_spec(spec)

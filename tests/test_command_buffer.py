@@ -16,7 +16,9 @@ packed operands, the sliced-K row) with XLA ops between them, and saves the resu
 subprocess runs the same programs with command buffers off (--xla_gpu_enable_command_buffer=):
 the graph replays must equal those runs bitwise (a replay with stale pointers or a missing
 launch would differ), and each product lie within bounds of float32 jnp.dot / the float64
-product of its actual inputs.
+product of its actual inputs. (3) runs fused epilogues (C, bias, activation) on an sm90 row,
+a clustered and a workspace split-K, and grad through one (aux forward, the dact kernel),
+against float64.
 """
 import json
 import os
@@ -32,7 +34,7 @@ import pytest
 
 import jax_tcgemm
 
-from conftest import assert_close, f64
+from conftest import act_grad64, assert_close, bound, epilogue_ref64, f64, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +45,7 @@ CMD_BUFFER_FLAGS = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUST
 PROGRAMS = r'''
 import jax, jax.numpy as jnp, numpy as np
 from jax import lax
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 F16, F32 = jnp.float16, jnp.float32
 rng = np.random.default_rng(20240611)
 A = jnp.asarray(rng.standard_normal((30, 96, 80), np.float32).astype(F16))
@@ -84,11 +86,34 @@ def mixed(x, ws):     # dependent products through every launch path, XLA ops be
         x = (jnp.tanh(y.astype(F32)) * 2).astype(F16)
     return pairs
 
+# Fused epilogues (C, bias, activation) on an sm90 row, a clustered and a workspace split-K,
+# and grad through one (the forward writes the pre-activation; the dact kernel and three
+# products run backward).
+import jax_tcgemm as tg
+C = jnp.asarray(rng.standard_normal((96, 72), np.float32))
+BIAS = jnp.asarray(rng.standard_normal((72,), np.float32))
+CT = jnp.asarray(rng.standard_normal((96, 72), np.float32))
+EPI = (("sm90_128x128x64_s6_g2", 1, "gelu_tanh"), ("sm80_64x64x64_s4_w2x2", 2, "relu"),
+       ("sm80_64x64x32_s4_w2x2", 16, "silu"))
+
+@jax.jit
+def epilogues(a, b, c, bias, ct):
+    outs = [tcgemm(a[None], b, c[None], bias[None], alpha=0.5, beta=-1.25, activation=act,
+                   out_dtype=F32, config=cfg, split_k=s)[0] for cfg, s, act in EPI]
+    loss = lambda x, w, bb: jnp.sum(tg.gemm(x, w, c, beta=0.75, bias=bb, activation="gelu",
+                                            out_dtype=F32) * ct)
+    return outs, jax.grad(loss, argnums=(0, 1, 2))(a, b[0], bias)
+
 def run():
     out = {"straight": np.asarray(straight(A, B)), "scanned": np.asarray(scanned(A, B)),
            "chained": np.asarray(chained(A[0], W).astype(F32))}
     for i, (x, y) in enumerate(mixed(X0, WS)):
         out[f"mixed_in{i}"], out[f"mixed_out{i}"] = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    outs, grads = epilogues(A[0], B, C, BIAS, CT)
+    for i, y in enumerate(outs):
+        out[f"epi_out{i}"] = np.asarray(y)
+    for name, g in zip("xwb", grads):
+        out[f"epi_grad_{name}"] = np.asarray(g, np.float32)
     return out
 '''
 
@@ -100,6 +125,7 @@ in_cb = [c.split("(")[0] for c in comps
          if 'custom_call_target="tcgemm"' in c and "command_buffer" in c.split("\n")[0]]
 holders = [c.split("(")[0][:80] for c in comps if 'custom_call_target="tcgemm"' in c]
 np.savez(sys.argv[1], **run(), A=np.asarray(A, np.float32), B=np.asarray(B, np.float32),
+         C=np.asarray(C), BIAS=np.asarray(BIAS), CT=np.asarray(CT),
          **{f"mixed_w{i}": np.asarray(w, np.float32) for i, w in enumerate(WS)})
 print(json.dumps({"tcgemm_in_command_buffer": in_cb, "holders": holders,
                   "command_buffer_in_hlo": "command_buffer" in text}))
@@ -132,8 +158,9 @@ def test_command_buffers_with_custom_calls(tmp_path):
                       f"(capture may still happen at the thunk level): {info}")
     info_off, plain = _child(tmp_path, "plain", "--xla_gpu_enable_command_buffer=")
     assert not info_off["tcgemm_in_command_buffer"]
-    names = [n for n in graphs if n.startswith(("straight", "scanned", "chained", "mixed_"))]
-    assert len(names) == 3 + 3 * 7
+    names = [n for n in graphs
+             if n.startswith(("straight", "scanned", "chained", "mixed_", "epi_"))]
+    assert len(names) == 3 + 3 * 7 + 3 + 3
     for name in names:
         np.testing.assert_array_equal(graphs[name], plain[name], err_msg=f"{name}: graph vs stream")
     for i in range(7):  # each product of the chain against its own inputs
@@ -147,3 +174,15 @@ def test_command_buffers_with_custom_calls(tmp_path):
     assert_close(graphs["scanned"], np.matmul(f64(A), f64(B)), np.float32, 80, "scanned")
     x = graphs["chained"]
     assert np.isfinite(x).all() and np.abs(x).max() > 1e-3  # 30 float16 roundings: no f64 ref
+    a, b, c, bias, ct = A[0], B[0], graphs["C"], graphs["BIAS"], graphs["CT"]
+    for i, act in enumerate(("gelu_tanh", "relu", "silu")):
+        want = epilogue_ref64(a, b, c, bias, alpha=0.5, beta=-1.25, activation=act)[0]
+        assert_close(graphs[f"epi_out{i}"], want, np.float32, 80, f"epilogue {i} ({act})")
+    # grad of sum(ct * gelu(a @ b + 0.75 c + bias)) in float64; the float16 gradients carry two
+    # roundings (of g and of the product)
+    _, pre = epilogue_ref64(a, b, c, bias, beta=0.75)
+    g = f64(ct) * act_grad64("gelu", pre)
+    for name, want, k in (("x", g @ f64(b).T, 72), ("w", f64(a).T @ g, 96),
+                          ("b", g.sum(0), 96)):
+        dt = np.float32 if name == "b" else np.float16
+        assert rel_err(graphs[f"epi_grad_{name}"], want) <= 2 * bound(dt, k), f"grad {name}"

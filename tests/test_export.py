@@ -1,11 +1,14 @@
 """jax.export of tcgemm programs: serialized for CUDA anywhere (CPU tests, run in CI), run on a
 GPU after a serialize/deserialize round trip (gpu test), exported for CPU and run here.
 
-Our custom call is not one of jax's stable targets, so exporting for CUDA needs
-`disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("tcgemm")]`: the caller takes on
-the compatibility of the `tcgemm` FFI target (same jax_tcgemm build on both sides). Exports
+Our custom calls are not among jax's stable targets, so exporting for CUDA needs
+`disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in ("tcgemm",
+"tcgemm_dact")]` (the second for the backward pass of an epilogue): the caller takes on the
+compatibility of the FFI targets (same jax_tcgemm build on both sides). Exports
 never contain custom_partitioning callbacks (they cannot be serialized): under export,
-tcgemm_p lowers directly even over several devices.
+tcgemm_p lowers directly even over several devices. Exporting for CUDA runs the CUDA lowering
+(it plans and sizes the workspace with the compiled module's rules), so those tests skip
+without the extension; exporting for CPU needs nothing.
 """
 import re
 from functools import partial
@@ -18,16 +21,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_tcgemm as tg
 from jax_tcgemm import _ffi, configs
+from jax_tcgemm.primitive import tcgemm
 
 from conftest import assert_close, f64, rand, ref64
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
-ALLOW_TCGEMM = [jax.export.DisabledSafetyCheck.custom_call(_ffi.TARGET)]
+ALLOW_TCGEMM = [jax.export.DisabledSafetyCheck.custom_call(t)
+                for t in (_ffi.TARGET, _ffi.DACT_TARGET)]
 
 
 @pytest.fixture
-def emit_without_extension(monkeypatch):  # lowering only emits the call: works without a build
-    monkeypatch.setattr(_ffi, "require", lambda: None)
+def cuda_lowering():  # lowering for CUDA only emits the call, but needs the module's rules
+    if not _ffi.available():
+        pytest.skip(f"needs the compiled extension jax_tcgemm._tcgemm: {_ffi._LOAD_ERROR}")
 
 
 def export_cuda(f, *args):
@@ -41,14 +47,14 @@ def round_trip(exp):
 
 
 def tcgemm_calls(module_text):
-    return [line for line in module_text.splitlines() if "stablehlo.custom_call @tcgemm" in line]
+    return [line for line in module_text.splitlines() if "stablehlo.custom_call @tcgemm(" in line]
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True)], ids=["NN", "TT"])
-def test_export_for_cuda_round_trip(emit_without_extension, ta, tb):
+def test_export_for_cuda_round_trip(cuda_lowering, ta, tb):
     a = jax.ShapeDtypeStruct((3, 40, 24) if ta else (3, 24, 40), BF16)
     b = jax.ShapeDtypeStruct((1, 56, 40) if tb else (1, 40, 56), BF16)
-    f = partial(tg.primitives.tcgemm, transpose_a=ta, transpose_b=tb, out_dtype=F16)
+    f = partial(tcgemm, transpose_a=ta, transpose_b=tb, out_dtype=F16)
     exp = export_cuda(f, a, b)
     back = round_trip(exp)
     assert back.platforms == ("cuda",)
@@ -61,16 +67,36 @@ def test_export_for_cuda_round_trip(emit_without_extension, ta, tb):
     assert "tensor<3x24x56xf16>" in call and "CustomSPMDPartitioning" not in back.mlir_module()
 
 
-def test_export_for_cuda_needs_the_disabled_check(emit_without_extension):
+def test_export_for_cuda_needs_the_disabled_check(cuda_lowering):
     x = jax.ShapeDtypeStruct((8, 16), F16)
     with pytest.raises(ValueError, match="tcgemm"):
         jax.export.export(jax.jit(tg.matmul), platforms=["cuda"])(x, x.update(shape=(16, 8)))
 
 
-def test_export_of_grad_for_cuda(emit_without_extension):
+def test_export_of_grad_for_cuda(cuda_lowering):
     g = jax.value_and_grad(lambda a, b: tg.matmul(a, b, out_dtype=F32).sum(), argnums=(0, 1))
     exp = export_cuda(g, jax.ShapeDtypeStruct((5, 7), F16), jax.ShapeDtypeStruct((7, 3), F16))
     assert len(tcgemm_calls(round_trip(exp).mlir_module())) == 3
+
+
+def test_export_epilogue_for_cuda(cuda_lowering):
+    """gelu(x @ w + bias) and its gradient export as our calls: the forward with the bias and
+    activation attributes (and, under grad, aux: d, workspace, pre), the backward's activation
+    derivative and bias gradient as one tcgemm_dact call."""
+    S = jax.ShapeDtypeStruct
+    x, w, bias = S((6, 16), BF16), S((16, 8), BF16), S((8,), F32)
+    f = lambda x, w, bias: tg.gemm(x, w, bias=bias, activation="gelu_tanh")  # noqa: E731
+    text = round_trip(export_cuda(f, x, w, bias)).mlir_module()
+    (call,) = tcgemm_calls(text)
+    assert "has_bias = true" in call and "activation = 3 : i32" in call
+    assert "aux = false" in call
+    loss = lambda x, w, bias: f(x, w, bias).astype(F32).sum()  # noqa: E731
+    text = round_trip(export_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, w, bias)).mlir_module()
+    calls = tcgemm_calls(text)
+    fwd = [c for c in calls if "aux = true" in c]
+    assert len(fwd) == 1 and "has_bias = true" in fwd[0] and "activation = 3 : i32" in fwd[0]
+    assert len(calls) == 3  # forward, dx, dw
+    assert len([l for l in text.splitlines() if "stablehlo.custom_call @tcgemm_dact(" in l]) == 1
 
 
 def test_export_for_cpu_runs():

@@ -1,6 +1,9 @@
 """Seeded fuzz of tcgemm_p: shapes, dtypes, output dtypes, layouts, batch (shared batch-1
 operands: stride 0), and every kernel config (forced with `tcgemm(..., config=name)`, some with
-split_k) or the default selection.
+split_k) or the default selection; and (the epilogue fuzz) the same with a random fused
+epilogue: C of any form (full, batch-shared, per-row, per-column, scalar) and dtype, a shared
+or per-item bias, every activation, alpha / beta static or traced (the scale operand), and the
+pre-activation as a second output (aux).
 
 Each case is reproducible from (TCGEMM_FUZZ_SEED, index). Dimensions mix primes, tile-1/tile/
 tile+1 around every config's BM/BN/BK (and 2x, 3x), and log-uniform sizes up to 5000; one or
@@ -8,16 +11,19 @@ two axes are big, never all three (caps on M*N*K, operand and output sizes keep 
 to a few minutes). Config x layout x dtype x out dtype cycle through all combinations, so every
 one is hit many times.
 
-GPU mode (`-m gpu`, TCGEMM_FUZZ_CASES cases, default 2000): cases run in groups, one jit per
-group. Each output is NaN-poisoned first: a NaN-filled buffer of the output's shape is donated
-to the jitted call and XLA writes the output into it (checked by its address and by the
-absence of copies in the executable), so an element the kernel never writes stays NaN. Each
-output is compared with the float64 product of the rounded inputs: relative Frobenius error
-within conftest.bound, and every element within output rounding + a float32-accumulation
-allowance scaled by |a_i|*|b_j|. All failures are listed at the end (case index, seed, shape,
-layout, dtypes, config); `TCGEMM_FUZZ_ONLY=i,j,...` reruns just those indices.
+GPU mode (`-m gpu`, TCGEMM_FUZZ_CASES plain cases here and TCGEMM_FUZZ_EPI_CASES epilogue cases
+in test_fuzz_epilogue.py, default 2000 each): cases run in groups, one jit per group. Each
+output is NaN-poisoned first: a NaN-filled buffer of the output's shape is donated to the jitted
+call and XLA writes the output into it (checked by its address and by the absence of copies in
+the executable), so an element the kernel never writes stays NaN. Each output is compared with
+the float64 reference of the rounded inputs: relative Frobenius error within conftest.bound (for
+epilogues, relative to the larger of the result and the product, plus the epilogue's float32
+evaluation), and every element within output rounding + a float32-accumulation allowance scaled
+by |a_i|*|b_j| (+ the evaluation allowance, through the activation's slope). All failures are
+listed at the end (case index, seed, shape, layout, dtypes, config, epilogue);
+`TCGEMM_FUZZ_ONLY=i,j,...` reruns just those indices (of both fuzzes).
 
-CPU mode (runs in CI, through the lax.dot_general fallback): TCGEMM_FUZZ_CPU_CASES small cases
+CPU mode (runs in CI, through the lax fallback): TCGEMM_FUZZ_CPU_CASES small cases of each
 (default 50).
 """
 from __future__ import annotations
@@ -27,7 +33,6 @@ import itertools
 import math
 import os
 import random
-import re
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +43,9 @@ import numpy as np
 import pytest
 
 from jax_tcgemm import configs
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
-from conftest import bound, seed_of
+from conftest import ACT_LIPSCHITZ, act64, bound, poisoned_call, seed_of
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
@@ -94,14 +99,29 @@ class Case:
     tb: bool
     config: str | None  # None: the default selection (configs.plan)
     split_k: int | None
+    # the epilogue (defaults: none, a plain product)
+    c_shape: tuple | None = None  # (1 or B, 1 or M, 1 or N)
+    c_dtype: np.dtype | None = None
+    bias_rows: int = 0  # 0: no bias; 1: shared (1, N); B: per item (B, N)
+    activation: str = "none"
+    alpha: float = 1.0  # float32 values
+    beta: float = 0.0
+    traced: bool = False  # alpha, beta as the float32 scale operand
+    aux: bool = False  # also the pre-activation
 
     @property
     def batch(self):
         return max(self.ba, self.bb)
 
     @property
+    def epilogue(self):
+        return (self.c_shape is not None or self.bias_rows or self.activation != "none"
+                or self.alpha != 1.0 or self.traced or self.aux)
+
+    @property
     def seed(self):
-        return seed_of("fuzz", SEED, self.index)
+        return seed_of("fuzz", SEED, self.index) if not self.epilogue else seed_of(
+            "fuzz-epi-ops", SEED, self.index)
 
     @property
     def a_shape(self):  # stored
@@ -115,18 +135,35 @@ class Case:
     def out_shape(self):
         return (self.batch, self.m, self.n)
 
-    def size(self):
-        return self.ba * self.m * self.k + self.bb * self.k * self.n + self.batch * self.m * self.n
+    @property
+    def outputs(self):
+        return 2 if self.aux else 1
 
-    def call(self, a, b):
-        return tcgemm(a, b, transpose_a=self.ta, transpose_b=self.tb, out_dtype=self.out_dtype,
-                      config=self.config, split_k=self.split_k)
+    def size(self):
+        c = math.prod(self.c_shape) if self.c_shape else 0
+        return (self.ba * self.m * self.k + self.bb * self.k * self.n + c + self.bias_rows * self.n
+                + self.outputs * self.batch * self.m * self.n)
+
+    def call(self, a, b, c=None, bias=None, scale=None):
+        """The case's outputs: [d] or [d, pre]."""
+        kw = {} if self.traced else dict(alpha=self.alpha, beta=self.beta)
+        out = tcgemm(a, b, c, bias, scale, transpose_a=self.ta, transpose_b=self.tb,
+                     out_dtype=self.out_dtype, activation=self.activation, aux=self.aux,
+                     config=self.config, split_k=self.split_k, **kw)
+        return list(out) if self.aux else [out]
 
     def __str__(self):
         split = "" if self.split_k is None else f" split_k={self.split_k}"
+        epi = ""
+        if self.epilogue:
+            c = "" if self.c_shape is None else f" c{self.c_shape} {self.c_dtype.name}"
+            bias = f" bias({self.bias_rows}, N)" if self.bias_rows else ""
+            ab = "traced " if self.traced else ""
+            epi = (f" [{ab}alpha={self.alpha!r} beta={self.beta!r}{c}{bias} "
+                   f"{self.activation}{' aux' if self.aux else ''}]")
         return (f"case {self.index} (seed {self.seed}): batch {self.ba}/{self.bb} M={self.m} "
                 f"N={self.n} K={self.k} {configs.layout_name(self.ta, self.tb)} "
-                f"{self.dtype.name}->{self.out_dtype.name} {self.config or 'default'}{split}")
+                f"{self.dtype.name}->{self.out_dtype.name} {self.config or 'default'}{split}{epi}")
 
 
 def _dim(r: random.Random, hi: int, top: int, big: bool, aligned: bool) -> int:
@@ -192,18 +229,26 @@ def generate(count: int, mode: Mode, seed: int = SEED) -> list[Case]:
 
 
 def operands(case: Case):
-    """Fresh standard-normal host operands in their stored layout."""
+    """Fresh standard-normal host operands: a, b in their stored layout, then c, bias and the
+    scale operand (None where the case has none)."""
     rng = np.random.default_rng(case.seed)
     a = rng.standard_normal(case.a_shape, np.float32).astype(case.dtype)
     b = rng.standard_normal(case.b_shape, np.float32).astype(case.dtype)
-    return a, b
+    c = bias = scale = None
+    if case.c_shape is not None:
+        c = rng.standard_normal(case.c_shape, np.float32).astype(case.c_dtype)
+    if case.bias_rows:
+        bias = rng.standard_normal((case.bias_rows, case.n), np.float32)
+    if case.traced:
+        scale = np.array([case.alpha, case.beta], np.float32)
+    return a, b, c, bias, scale
 
 
-def compare(out, ref, a_norms, b_norms, out_dtype, k) -> str | None:
+def compare_tol(out, ref, allow, out_dtype, k, frob_ref=None, frob_allow=None) -> str | None:
     """None if `out` matches the float64 reference `ref`; else what is wrong: a non-finite
-    element, a relative Frobenius error above conftest.bound(out_dtype, k), or an element off
-    by more than output rounding + bound(float32, k) * |a_i| * |b_j| (float32 accumulation;
-    a_norms * b_norms broadcast to ref's shape). Overwrites ref."""
+    element, a Frobenius error above conftest.bound(out_dtype, k) * ||frob_ref|| (default:
+    ref) + ||frob_allow||, or an element off by more than output rounding + `allow` (an
+    absolute allowance broadcast to ref's shape). Overwrites ref."""
     out = np.asarray(out)
     diff = out.astype(np.float64)
     diff -= ref
@@ -211,15 +256,18 @@ def compare(out, ref, a_norms, b_norms, out_dtype, k) -> str | None:
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(diff))[0])
         return (f"{(~np.isfinite(diff)).sum()} non-finite elements (NaN: unwritten?), first at "
                 f"{idx}: {out[idx]!r}")
-    err = math.sqrt(np.vdot(diff, diff) / max(np.vdot(ref, ref), 1e-300))
-    if not err <= bound(out_dtype, k):
-        return f"relative error {err:.3g} > {bound(out_dtype, k):.3g}"
+    den = np.vdot(ref, ref) if frob_ref is None else np.vdot(frob_ref, frob_ref)
+    num = math.sqrt(np.vdot(diff, diff))
+    lim = bound(out_dtype, k) * math.sqrt(den)
+    if frob_allow is not None:
+        lim += math.sqrt(np.vdot(frob_allow, frob_allow))
+    if not num <= lim:
+        return (f"relative error {num / max(math.sqrt(den), 1e-300):.3g} > "
+                f"{bound(out_dtype, k):.3g}")
     u = UNIT[np.dtype(out_dtype)]
     tol = np.abs(ref, out=ref)
     tol *= u
-    scale = a_norms * b_norms
-    scale *= (1 + u) * bound(F32, k)
-    tol += scale
+    tol += allow * (1 + u)
     tol += TINY[np.dtype(out_dtype)]
     bad = np.abs(diff, out=diff) > tol
     if bad.any():
@@ -229,57 +277,84 @@ def compare(out, ref, a_norms, b_norms, out_dtype, k) -> str | None:
     return None
 
 
-def check(case: Case, a, b, out) -> str | None:
-    """None if `out` is case's product of the stored host operands a, b; else what is wrong."""
-    out = np.asarray(out)
-    if out.shape != case.out_shape or out.dtype != case.out_dtype:
-        return f"result {out.shape} {out.dtype}, expected {case.out_shape} {case.out_dtype}"
+def compare(out, ref, a_norms, b_norms, out_dtype, k) -> str | None:
+    """compare_tol of a plain product: relative Frobenius error within bound(out_dtype, k),
+    every element within output rounding + bound(float32, k) * |a_i| * |b_j| (float32
+    accumulation; a_norms * b_norms broadcast to ref's shape). Overwrites ref."""
+    return compare_tol(out, ref, a_norms * b_norms * bound(F32, k), out_dtype, k)
+
+
+def check(case: Case, ops, outs) -> str | None:
+    """None if `outs` ([d] or [d, pre]) are case's results for the host operands `ops`
+    (operands(case)); else what is wrong."""
+    outs = [np.asarray(o) for o in outs]
+    if len(outs) != case.outputs or any(
+            o.shape != case.out_shape or o.dtype != case.out_dtype for o in outs):
+        return (f"results {[(o.shape, o.dtype.name) for o in outs]}, expected {case.outputs} x "
+                f"{case.out_shape} {case.out_dtype}")
+    a, b, c, bias, _ = ops
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     a64 = np.swapaxes(a64, 1, 2) if case.ta else a64  # logical (Ba, M, K)
     b64 = np.swapaxes(b64, 1, 2) if case.tb else b64  # logical (Bb, K, N)
-    return compare(out, np.matmul(a64, b64), np.linalg.norm(a64, axis=2)[:, :, None],
-                   np.linalg.norm(b64, axis=1)[:, None, :], case.out_dtype, case.k)
+    ab = np.matmul(a64, b64)
+    acc = np.linalg.norm(a64, axis=2)[:, :, None] * np.linalg.norm(b64, axis=1)[:, None, :]
+    acc *= bound(F32, case.k)
+    if not case.epilogue:
+        return compare_tol(outs[0], ab, acc, case.out_dtype, case.k)
+    # pre = alpha * ab + beta * c + bias; evaluated in float32: a few units in the last place
+    # of each term (and of the activation's value)
+    pre = ab * case.alpha
+    ev = np.abs(pre)
+    acc *= abs(case.alpha)
+    if c is not None:
+        bc = c.astype(np.float64) * case.beta
+        pre = pre + bc
+        ev = ev + np.abs(bc)
+    if bias is not None:
+        pre = pre + bias.astype(np.float64)[:, None, :]
+        ev = ev + np.abs(bias.astype(np.float64))[:, None, :]
+    ev *= 4 * UNIT[F32]
+    slope = 1.0 if case.activation in ("none", "relu") else ACT_LIPSCHITZ
+    # bfloat16 results of gelu_tanh take tanh.approx.f32 (ffi/ptx/math.cuh; relative error
+    # 2^-11 of tanh): 0.5 |pre| 2^-11 absolute in d, doubled
+    approx = (np.abs(pre) * 2.0 ** -11 if case.activation == "gelu_tanh"
+              and case.out_dtype == BF16 else 0.0)
+    problems = []
+    for name, out, ref, s, extra in (
+            ("d", outs[0], act64(case.activation, pre), slope, approx),
+            ("pre", outs[-1], pre, 1.0, 0.0))[:case.outputs]:
+        # Frobenius error relative to the larger of the result and the product (an epilogue
+        # that cancels or squashes the product keeps the product's absolute error)
+        frob_ref = ref if np.vdot(ref, ref) >= s * s * np.vdot(ab, ab) * case.alpha ** 2 else (
+            ab * (s * case.alpha))
+        allow = (acc + ev) * s + extra
+        p = compare_tol(out, np.array(ref), allow, case.out_dtype, case.k, frob_ref,
+                        ev * s + extra)
+        if p:
+            problems.append(f"{name}: {p}")
+    return "; ".join(problems) or None
 
 
 # ---------------------------------------------------------------------------------------------
 # Running groups of cases: one jit per group; on the GPU into donated NaN-filled buffers.
 
-_COPY = re.compile(r"\scopy(-start)?\(")
-
-
-def poisoned(fn, poisons, *args):
-    """Compiles fn(*args) -> list of arrays with `poisons` (device arrays, one per output, same
-    shape and dtype, e.g. NaN-filled) donated, so that XLA writes each output into its poison
-    buffer and an element the kernel never writes keeps the poison. Returns
-    run(poisons, *args) -> (outputs, flags); flags[i]: output i really was written in place
-    (same address, no copy in the executable). Each call needs fresh poisons (donated)."""
-    jitted = jax.jit(lambda ps, *xs: fn(*xs), donate_argnums=0, keep_unused=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-        compiled = jitted.lower(poisons, *args).compile()
-    in_place = not _COPY.search(compiled.as_text() or "")
-
-    def run(poisons, *args):
-        ptrs = [p.unsafe_buffer_pointer() if p.size else None for p in poisons]
-        outs = compiled(poisons, *args)
-        return outs, [in_place and p is not None and o.unsafe_buffer_pointer() == p
-                      for o, p in zip(outs, ptrs)]
-    return run
-
-
-def poisoned_call(fn, poisons, *args):
-    """poisoned(...) compiled and run once."""
-    return poisoned(fn, poisons, *args)(poisons, *args)
-
-
 def _run_group(cases, host, poison: bool):
-    """Outputs of a group of cases (one jitted call) and their poisoned flags."""
-    dev = [(jax.device_put(a), jax.device_put(b)) for a, b in host]
-    fn = lambda ops: [c.call(a, b) for c, (a, b) in zip(cases, ops)]  # noqa: E731
+    """Outputs of a group of cases (one jitted call; per case a list) and their poisoned flags
+    (per case: all of its outputs written in place)."""
+    dev = [tuple(None if x is None else jax.device_put(x) for x in ops) for ops in host]
+    fn = lambda ops: [o for c, xs in zip(cases, ops) for o in c.call(*xs)]  # noqa: E731
     if not poison:
-        return jax.jit(fn)(dev), [False] * len(cases)
-    poisons = [jax.device_put(np.full(c.out_shape, np.nan, c.out_dtype)) for c in cases]
-    return poisoned_call(fn, poisons, dev)
+        flat, flags = jax.jit(fn)(dev), [False] * sum(c.outputs for c in cases)
+    else:
+        poisons = [jax.device_put(np.full(c.out_shape, np.nan, c.out_dtype))
+                   for c in cases for _ in range(c.outputs)]
+        flat, flags = poisoned_call(fn, poisons, dev)
+    outs, ok, i = [], [], 0
+    for c in cases:
+        outs.append(list(flat[i:i + c.outputs]))
+        ok.append(all(flags[i:i + c.outputs]))
+        i += c.outputs
+    return outs, ok
 
 
 def _groups(cases, max_cases=48, max_elems=2 ** 26):
@@ -317,8 +392,8 @@ def run_fuzz(cases, poison: bool):
     failures, poisoned = [], 0
 
     def verdict(job):
-        c, (a, b), (out, _) = job
-        return out if isinstance(out, str) else check(c, a, b, out)
+        c, ops, (outs, _) = job
+        return outs if isinstance(outs, str) else check(c, ops, outs)
 
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
         for group in _groups(cases):
@@ -331,12 +406,12 @@ def run_fuzz(cases, poison: bool):
     return failures, poisoned
 
 
-def _report(capsys, cases, failures, poisoned, t0):
+def _report(capsys, cases, failures, poisoned, t0, what="fuzz"):
     with capsys.disabled():
-        print(f"\nfuzz: {len(cases)} cases, {len(failures)} failures "
-              f"({poisoned} outputs NaN-poisoned, {time.perf_counter() - t0:.0f} s, "
+        print(f"\n{what}: {len(cases)} cases run, {len(failures)} failures "
+              f"({poisoned} cases' outputs NaN-poisoned, {time.perf_counter() - t0:.0f} s, "
               f"TCGEMM_FUZZ_SEED={SEED})")
-    assert not failures, f"{len(failures)} of {len(cases)} fuzz cases failed:\n" + "\n".join(
+    assert not failures, f"{len(failures)} of {len(cases)} {what} cases failed:\n" + "\n".join(
         failures[:100])
 
 
@@ -344,26 +419,39 @@ def _select(cases):
     return [c for c in cases if c.index in ONLY] if ONLY else cases
 
 
-@pytest.mark.gpu
-def test_fuzz_gpu(capsys):
+def _run_gpu(capsys, cases, what):
     t0 = time.perf_counter()
-    cases = _select(generate(int(os.environ.get("TCGEMM_FUZZ_CASES", "2000")), GPU_MODE))
     failures, poisoned = run_fuzz(cases, poison=True)
     if poisoned < len(cases):
-        warnings.warn(f"only {poisoned} of {len(cases)} fuzz outputs were written into a "
-                      "NaN-poisoned buffer; unwritten elements in the others are caught only "
+        warnings.warn(f"only {poisoned} of {len(cases)} {what} cases were written into "
+                      "NaN-poisoned buffers; unwritten elements in the others are caught only "
                       "by the comparison with the reference")
-    _report(capsys, cases, failures, poisoned, t0)
+    _report(capsys, cases, failures, poisoned, t0, what)
+
+
+def _run_cpu(capsys, cases, what):
+    t0 = time.perf_counter()
+    with jax.default_device(jax.devices("cpu")[0]):
+        failures, poisoned = run_fuzz(cases, poison=False)
+    _report(capsys, cases, failures, poisoned, t0, what)
+
+
+@pytest.mark.gpu
+def test_fuzz_gpu(capsys):
+    cases = _select(generate(int(os.environ.get("TCGEMM_FUZZ_CASES", "2000")), GPU_MODE))
+    _run_gpu(capsys, cases, "fuzz")
 
 
 def test_fuzz_cpu(capsys):
-    t0 = time.perf_counter()
     cases = _select(generate(int(os.environ.get("TCGEMM_FUZZ_CPU_CASES", "50")), CPU_MODE))
-    with jax.default_device(jax.devices("cpu")[0]):
-        failures, poisoned = run_fuzz(cases, poison=False)
-    _report(capsys, cases, failures, poisoned, t0)
+    _run_cpu(capsys, cases, "fuzz")
 
 
+needs_table = pytest.mark.skipif(not configs.CONFIGS, reason="the config table comes from the "
+                                 "CUDA extension (jax_tcgemm._tcgemm), which is not built here")
+
+
+@needs_table
 def test_generator_covers_the_space():
     """The 2000-case GPU run hits every config x layout x dtype x out dtype, both loader paths,
     shared operands, tile-edge and big sizes, and stays within its caps."""
@@ -375,6 +463,7 @@ def test_generator_covers_the_space():
         assert 1 <= min(c.m, c.n, c.k) and max(c.m, c.n, c.k) <= GPU_MODE.big, c
         assert c.batch * c.m * c.n * c.k <= GPU_MODE.work and c.batch * c.m * c.n <= GPU_MODE.out
         assert sorted((c.m, c.n, c.k))[0] <= GPU_MODE.small, c  # never all three big
+        assert not c.epilogue
     aligned = [c for c in cases if c.m % 8 == 0 and c.n % 8 == 0 and c.k % 8 == 0]
     assert 0.2 < len(aligned) / len(cases) < 0.8
     assert any(c.ba == 1 < c.bb for c in cases) and any(c.bb == 1 < c.ba for c in cases)
@@ -390,7 +479,8 @@ def test_check_catches_defects():
     """`check` passes the exact product and flags an unwritten (NaN) element, one element that
     misses one K term, and two swapped rows, for float32 and float16 outputs."""
     c = Case(0, 70, 50, 300, 1, 1, F16, F32, False, True, None, None)
-    a, b = operands(c)
+    ops = operands(c)
+    a, b = ops[:2]
     a64, b64 = a.astype(np.float64)[0], np.swapaxes(b.astype(np.float64), 1, 2)[0]
     exact = (a64 @ b64)[None]
     big = int(np.argmax(np.abs(a64[3] * b64[:, 4])))  # the largest term of element (3, 4)
@@ -406,8 +496,8 @@ def test_check_catches_defects():
 
     for od in (F32, F16):
         case = dataclasses.replace(c, out_dtype=od)
-        assert check(case, a, b, exact.astype(od)) is None
+        assert check(case, ops, [exact.astype(od)]) is None
         for defect in (nan, missing_term, swapped_rows):
             bad = exact.copy()
             defect(bad)
-            assert check(case, a, b, bad.astype(od)), f"{defect.__name__} not caught ({od})"
+            assert check(case, ops, [bad.astype(od)]), f"{defect.__name__} not caught ({od})"

@@ -30,7 +30,7 @@ from jax import lax
 
 import jax_tcgemm as tg
 from jax_tcgemm import configs
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
 from conftest import assert_close, bound, f64, rel_err, seed_of
 

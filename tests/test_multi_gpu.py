@@ -4,6 +4,10 @@ Marked `gpu` (skipped off-GPU); skipped with the reason below on a machine with 
 The sharded cases are tests/test_sharding.py's, on GPUs: the compiled HLO must hold our
 custom call on the LOCAL shard shapes, no all-gather for batch/M/N sharding, and a float32
 all-reduce for K sharding; results match the float64 reference and the single-GPU result.
+With a fused epilogue (C + bias + gelu_tanh, and aux): batch/M/N sharding runs the whole fused
+kernel on local shards (no tanh op in the HLO: it is in our kernel); K sharding sums float32
+partials with one all-reduce and applies the epilogue once, after it. Gradients of a fused
+layer under sharding equal the single-GPU ones.
 """
 import itertools
 import threading
@@ -15,10 +19,12 @@ import numpy as np
 import pytest
 
 import jax_tcgemm as tg
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
 from conftest import assert_close, f64, rand, ref64
-from test_sharding import KINDS, check_partitioned, sharded_case
+from test_sharding import (C_FORMS, KINDS, check_epilogue_grad, check_epilogue_partitioned,
+                           check_epilogue_values, check_partitioned, epilogue_case,
+                           epilogue_grad_case, sharded_case)
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 
@@ -100,3 +106,41 @@ def test_sharded_equals_single_gpu(mesh, kind):
                                                      jax.device_put(b, one))
     assert_close(out, f64(single), F16, 256, f"{kind} vs single GPU")
     assert_close(out, ref, F16, 256, f"{kind} vs reference")
+
+
+@pytest.mark.parametrize("c_form", list(C_FORMS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_epilogue_sharded_two_gpus(mesh, kind, c_form):
+    """gemm with C + bias + gelu_tanh (bf16) over 2 GPUs, shapes no tile multiple."""
+    case = epilogue_case(mesh, {kind: "d"}, c_form=c_form, batch=4, m=264, n=136, k=520)
+    assert 'custom_call_target="tcgemm"' in case["text"]
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=False)  # local shapes may plan another config / split
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_epilogue_aux_sharded_two_gpus(mesh, kind):
+    """tcgemm(..., aux=True) over 2 GPUs: d and the pre-activation; float16."""
+    case = epilogue_case(mesh, {kind: "d"}, aux=True, dtype=F16, out_dtype=F16, batch=4,
+                         m=130, n=200, k=256)
+    assert 'custom_call_target="tcgemm"' in case["text"] and len(case["outs"]) == 2
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=False)
+
+
+@pytest.mark.parametrize("kind", ["K", "M"])
+def test_epilogue_traced_alpha_beta_two_gpus(mesh, kind):
+    """alpha and beta as jit arguments (the scale operand) over 2 GPUs."""
+    case = epilogue_case(mesh, {kind: "d"}, traced=True, batch=2, m=200, n=72, k=264)
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=False)
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", None])
+@pytest.mark.parametrize("kind", ["batch", "M", "N", "K"])
+def test_epilogue_grad_two_gpus(mesh, kind, activation):
+    """grad of a fused gemm + bias + activation layer over 2 GPUs equals the single-GPU one;
+    every product is our kernel."""
+    case = epilogue_grad_case(mesh, kind, activation, bt=4, m=96, k=520, n=136)
+    assert 'custom_call_target="tcgemm"' in case["text"]
+    check_epilogue_grad(case, kind)

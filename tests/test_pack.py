@@ -8,7 +8,8 @@ shapes and on pitch-only ones (configs.PACK_MIN_FLOP and PITCH_PACK_MIN_FLOP pat
 caches cleared so that every call lowers again) in every layout, dtype, batch sharing and
 split-K mode, against the float64 reference, and bitwise equal to the unpacked path (element
 loads, or the same kernel on rows at their own pitch): both sum the same products in the same
-order."""
+order. The rules live in C++ (asked of the extension): the CPU tests of them need the built
+module and are skipped, with that reason, without it."""
 import itertools
 
 import jax
@@ -17,17 +18,20 @@ import numpy as np
 import pytest
 
 from jax_tcgemm import _ffi, configs
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
-from conftest import bound, rel_err, seed_of
+from conftest import bound, epilogue_ref64, rel_err, seed_of
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))
+needs_module = pytest.mark.skipif(not _ffi.available(), reason="the packing rules are the CUDA "
+                                  "extension's (jax_tcgemm._tcgemm), which is not built here")
 
 
 # ---------------------------------------------------------------------------------------------
 # CPU
 
+@needs_module
 @pytest.mark.parametrize("m,n,k,ta,tb,want", [
     (4095, 4097, 4093, False, False, True),   # K and N rows misaligned
     (4096, 4096, 4096, False, False, False),  # aligned
@@ -51,6 +55,7 @@ def test_should_pack(m, n, k, ta, tb, want):
     assert configs.should_pack(m, n, k, 1, ta, tb) is want
 
 
+@needs_module
 def test_needs_pack_and_tma():
     assert [x for x in (8, 504, 511, 512, 520, 1000, 1001, 1024, 3000, 3072, 4093)
             if configs.needs_pack(x)] == [511, 520, 1000, 1001, 3000, 4093]
@@ -59,6 +64,7 @@ def test_needs_pack_and_tma():
     assert configs.tma_addressable(520, 520, 520) and not configs.should_pack(520, 520, 520)
 
 
+@needs_module
 def test_workspace_floats_by_hand():
     c = configs.CONFIGS[0].name
     # pitch-only 3000^3: both operands' rows of 3000 -> 3008; short rows of 504 are not copied
@@ -85,6 +91,7 @@ def test_workspace_floats_by_hand():
     assert configs.workspace_floats(5, 7, k, 3, True, False, False, False, c, 2, True) == want
 
 
+@needs_module
 def test_packed_copies_start_aligned():
     """The split-K partials before the packed copies take a multiple of 32 floats, so the copies
     start 16-byte aligned (the pack kernel stores 16 bytes at a time) for any split * M * N."""
@@ -100,7 +107,7 @@ def test_packed_copies_start_aligned():
             if configs.effective_split(configs.BY_NAME[c], k, split) > 1 else 0)
 
 
-@pytest.mark.skipif(not _ffi.available(), reason="CUDA extension not built")
+@needs_module
 @pytest.mark.parametrize("config", list(dict.fromkeys(  # every third row and every sm90 row
     [c.name for c in configs.CONFIGS[::3]]
     + [c.name for c in configs.CONFIGS if c.kind == "sm90"])))
@@ -127,6 +134,7 @@ def test_workspace_floats_match_handler(config):
     (1023, 1021, 1025, 1023 * 1024 // 2 + 1021 * 1088 // 2),  # rows of 1021 -> 1024, 1025 -> 1088
     (1000, 1000, 1000, 2 * 1000 * 1024 // 2),                  # pitch only: rows of 1000 -> 1024
 ])
+@needs_module
 def test_lowering_packs_odd_shapes(m, k, n, ws, monkeypatch):
     """The CUDA lowering of a large odd product asks for packing and the workspace for it."""
     monkeypatch.setattr(_ffi, "require", lambda: None)
@@ -169,7 +177,8 @@ CASES = [  # (batch_a, batch_b, m, n, k, config index, split_k); split 3: in a c
     (3, 1, 70, 91, 515, 5, 1), (1, 4, 129, 255, 257, 6, 2), (2, 2, 17, 9, 4103, 3, 12),
     (1, 1, 4095, 129, 1029, 1, 1), (1, 1, 200, 72, 1, 4, 1),
 ]
-_SM90 = next(i for i, c in enumerate(configs.CONFIGS) if c.kind == "sm90")
+# the first sm90 row (without the extension the table is empty: the GPU tests are skipped)
+_SM90 = next((i for i, c in enumerate(configs.CONFIGS) if c.kind == "sm90"), 0)
 # Pitch only: every extent a multiple of 8, rows of >= 512 not of 16 (520, 776, 1000, 1512, 1544,
 # 4104; TN / TT rows of M < 512 stay as stored); M, N not tile multiples.
 PITCH_CASES = [
@@ -178,6 +187,7 @@ PITCH_CASES = [
 ]
 
 
+@needs_module
 def test_pitch_cases_are_pitch_only():
     """Each PITCH_CASE has rows that are 16-byte multiples in every layout, and some that
     need_pack (so its packed run differs from the plain one only in the pitch)."""
@@ -208,6 +218,47 @@ def test_packed_matches_reference_and_unpacked(case, dtype, monkeypatch):
             fails.append(f"{what}: rel err {rel_err(packed, ref):.3g} > {bound(od, k):.3g}")
         elif not np.array_equal(packed.view(np.uint8), plain.view(np.uint8)):
             fails.append(f"{what}: packed and element-load results differ")
+    assert not fails, "\n".join(fails)
+
+
+_tce = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config",
+                                         "split_k", "alpha", "beta", "activation", "aux"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[::2] + PITCH_CASES[::2], ids=str)
+def test_packed_epilogue_matches_unpacked(case, monkeypatch):
+    """The fused epilogue on packed operands (full float32 C, a per-item bias, gelu_tanh, and
+    the pre-activation as aux): within bounds of the float64 reference, and bitwise equal to
+    the unpacked run (packing changes only where the operands are read from)."""
+    ba, bb, m, n, k, ci, split = case
+    cfg = configs.CONFIGS[ci].name
+    rng = np.random.default_rng(seed_of("pack_epi", *case))
+    bt = max(ba, bb)
+    c = rng.standard_normal((bt, m, n), np.float32)
+    bias = rng.standard_normal((bt, n), np.float32)
+    fails = []
+    for i, (ta, tb) in enumerate(LAYOUTS):
+        dtype, od = (BF16, F32) if i % 2 else (F16, F16)
+        x, y, _ = _operands(rng, ba, bb, m, n, k, ta, tb, dtype)
+        kw = dict(transpose_a=ta, transpose_b=tb, out_dtype=od, config=cfg, split_k=split,
+                  alpha=-0.75, beta=1.5, activation="gelu_tanh", aux=True)
+        runs = []
+        for flop in (0, 2**62):  # packed, then as stored
+            monkeypatch.setattr(configs, "PACK_MIN_FLOP", flop)
+            monkeypatch.setattr(configs, "PITCH_PACK_MIN_FLOP", flop)
+            jax.clear_caches()
+            runs.append([np.asarray(o) for o in _tce(x, y, c, bias, **kw)])
+        want = epilogue_ref64(x, y, c, bias, alpha=-0.75, beta=1.5, activation="gelu_tanh",
+                              transpose_a=ta, transpose_b=tb)
+        what = f"{case} {dtype}->{od} ta={ta} tb={tb}"
+        for name, got, plain, ref in zip(("d", "pre"), runs[0], runs[1], want):
+            if np.isnan(got.astype(np.float32)).any():
+                fails.append(f"{what} {name}: NaN (unwritten output)")
+            elif not rel_err(got, ref) <= bound(od, k):
+                fails.append(f"{what} {name}: rel err {rel_err(got, ref):.3g} > {bound(od, k):.3g}")
+            elif not np.array_equal(got.view(np.uint8), plain.view(np.uint8)):
+                fails.append(f"{what} {name}: packed and unpacked results differ")
     assert not fails, "\n".join(fails)
 
 

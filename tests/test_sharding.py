@@ -4,8 +4,12 @@ conftest.py gives the host 4 CPU devices (--xla_force_host_platform_device_count
 tcgemm_p lowers through lax.dot_general, but over several devices it still goes through the
 same custom_partitioning rule as on CUDA, so the compiled HLO shows what the partitioner did:
 each device's GEMM has the LOCAL shape, no all-gather of operands for batch/M/N sharding, and
-one float32 all-reduce for K sharding. tests/test_multi_gpu.py runs the same cases on 2 GPUs
-(`sharded_case` and `check_partitioned` are shared with it).
+one float32 all-reduce for K sharding. With a fused epilogue (tg.gemm with C + bias +
+gelu_tanh, tcgemm(..., aux=True)): batch/M/N sharding runs the fused op on local shards of c and
+bias (bitwise the unsharded result on CPU); K sharding has exactly one all-reduce and every
+activation op after it; gradients match the unsharded ones. tests/test_multi_gpu.py runs the
+same cases on 2 GPUs (`sharded_case`, `epilogue_case`, `epilogue_grad_case` and the checks are
+shared with it).
 """
 import itertools
 import math
@@ -19,9 +23,9 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_tcgemm as tg
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
-from conftest import assert_close, f64, rand, ref64
+from conftest import assert_close, epilogue_ref64, f64, rand, ref64
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 KINDS = ("batch", "M", "N", "K")
@@ -155,6 +159,33 @@ def test_uneven_shards_stay_correct():
         assert_close(jax.jit(f)(x, y), ref64(a, b), F32, 30, f"uneven {spec_a}")
 
 
+def test_uneven_shards_with_epilogue():
+    """The same with C (per-row) + bias + silu, and its gradient: M = 30 over 4 devices pads
+    (the padded rows never reach a sum), K = 30 is gathered, B = 3 pads."""
+    mesh = cpu_mesh((4,), ("d",), AxisType.Auto)
+    x, w = rand(("uneven-e-x",), (3, 30, 30), BF16), rand(("uneven-e-w",), (30, 20), BF16)
+    c, bias = rand(("uneven-e-c",), (30, 1), F32), rand(("uneven-e-b",), (20,), F32)
+    d_ref, _ = epilogue_ref64(x, w, c, bias, beta=0.7, activation="silu")
+
+    def layer(x, w, c, bias):
+        return tg.gemm(x, w, c, beta=0.7, bias=bias, activation="silu", out_dtype=F32)
+
+    def loss(x, w, c, bias):
+        return jnp.sum(layer(x, w, c, bias) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    g1 = grad(x, w, c, bias)
+    for spec in (P(None, "d"), P(None, None, "d"), P("d")):
+        constrain = partial(jax.lax.with_sharding_constraint, shardings=NamedSharding(mesh, spec))
+        args = [jax.device_put(v, NamedSharding(mesh, P())) for v in (x, w, c, bias)]
+        f = jax.jit(lambda x, *rest: layer(constrain(x), *rest))
+        assert "CustomSPMDPartitioning" in f.lower(*args).as_text()
+        assert_close(f(*args), d_ref, F32, 30, f"uneven {spec}")
+        g = jax.jit(jax.grad(lambda x, *rest: loss(constrain(x), *rest), argnums=(0, 1, 2, 3)))
+        for gs, gu, name in zip(g(*args), g1, "xwcb"):
+            assert_close(gs, f64(gu), gs.dtype, 90, f"uneven {spec} d{name}")
+
+
 def test_ops_grad_and_vmap_under_sharding(mesh):
     """tg.matmul / tg.dot_general / grad / vmap inside a data-parallel jit: every tcgemm is
     partitioned (no all-gather) and the values match the unsharded program."""
@@ -202,3 +233,272 @@ def test_single_device_jit_has_no_custom_partitioning():
     text = jax.jit(tg.matmul).lower(rand(1, (8, 16), F16), rand(2, (16, 4), F16)).as_text()
     assert "CustomSPMDPartitioning" not in text
     assert "dot_general" in text or "custom_call @tcgemm" in text  # CPU fallback or CUDA
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused epilogues under sharding: D = gelu_tanh(1.1 * A @ B + 1.2 * C + bias) (and pre, aux).
+
+EPILOGUE = dict(alpha=1.1, beta=1.2, activation="gelu_tanh")
+ACT_OP = "tanh"  # the HLO op of gelu_tanh where XLA computes the epilogue
+C_FORMS = {"full": lambda b, m, n: (b, m, n), "row": lambda b, m, n: (m, 1),
+           "col": lambda b, m, n: (n,)}
+_LOGICAL = {"a": {"batch": 0, "M": 1, "K": 2}, "b": {"batch": 0, "K": 1, "N": 2},
+            "out": {"batch": 0, "M": 1, "N": 2}}
+
+
+def _operand_spec(which, shard):
+    """PartitionSpec of a (B, M, K) or b (B, K, N) that shards the kinds in `shard`."""
+    spec = [None] * 3
+    for kind, axis in shard.items():
+        if kind in _LOGICAL[which]:
+            spec[_LOGICAL[which][kind]] = axis
+    return P(*spec)
+
+
+def _broadcast_spec(shape, out_shape, shard):
+    """PartitionSpec of c or bias (right-aligned with the result, as numpy broadcasts): a dim
+    of the result's size follows the result's sharding; a broadcast (size-1) dim does not."""
+    spec, off = [None] * len(shape), len(out_shape) - len(shape)
+    for kind, axis in shard.items():
+        d = _LOGICAL["out"].get(kind)
+        if d is not None and d >= off and shape[d - off] == out_shape[d]:
+            spec[d - off] = axis
+    return P(*spec)
+
+
+def epilogue_case(mesh, shard, *, aux=False, c_form="full", traced=False, dtype=BF16,
+                  out_dtype=BF16, batch=8, m=64, n=48, k=64):
+    """tg.gemm(a, b, c, alpha=1.1, beta=1.2, bias=bias, activation="gelu_tanh") (with aux:
+    tcgemm(..., aux=True) on the rank-3 forms, giving (d, pre)) jitted over `mesh` with the
+    kinds of `shard` ({"batch" | "M" | "N" | "K": mesh axis}) sharded; c and bias are sharded
+    like the result. traced: alpha and beta are jit arguments (the scale operand).
+    Returns a dict: outs (list), single (the same jit on one device), refs (float64 d, pre),
+    text (compiled HLO), local (the per-device result shape)."""
+    out_shape = (batch, m, n)
+    tag = (tuple(sorted(shard.items())), aux, c_form, traced, batch, m, n, k)
+    a = np.asarray(rand(("epi-a",) + tag, (batch, m, k), dtype))
+    b = np.asarray(rand(("epi-b",) + tag, (batch, k, n), dtype))
+    c = np.asarray(rand(("epi-c",) + tag, C_FORMS[c_form](batch, m, n), F32))
+    bias = np.asarray(rand(("epi-bias",) + tag, (n,), F32))
+    scalars = ()
+    if aux:
+        c, bias = c.reshape((1,) * (3 - c.ndim) + c.shape), bias.reshape(1, n)
+        fn = partial(tcgemm, aux=True, out_dtype=out_dtype, **EPILOGUE)
+    elif traced:
+        scalars = (np.float32(EPILOGUE["alpha"]), np.float32(EPILOGUE["beta"]))
+        fn = lambda x, y, z, w, al, be: [tg.gemm(  # noqa: E731
+            x, y, z, bias=w, alpha=al, beta=be, activation="gelu_tanh", out_dtype=out_dtype)]
+    else:
+        fn = lambda x, y, z, w: [tg.gemm(x, y, z, bias=w, out_dtype=out_dtype,  # noqa: E731
+                                         **EPILOGUE)]
+    host = (a, b, c, bias) + scalars
+    specs = (_operand_spec("a", shard), _operand_spec("b", shard),
+             _broadcast_spec(c.shape, out_shape, shard),
+             _broadcast_spec(bias.shape, out_shape, shard)) + (P(),) * len(scalars)
+    f = jax.jit(lambda *xs: list(fn(*xs)))
+    args = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(host, specs)]
+    compiled = f.lower(*args).compile()
+    text, outs = compiled.as_text(), compiled(*args)
+    single = f(*[jax.device_put(x, mesh.devices.flat[0]) for x in host])
+    d_ref, pre_ref = epilogue_ref64(a, b, c, bias, **EPILOGUE)
+    local = list(out_shape)
+    for kind, axis in shard.items():
+        if kind in _LOGICAL["out"]:
+            local[_LOGICAL["out"][kind]] //= mesh.shape[axis]
+    return dict(outs=outs, single=single, refs=[d_ref, pre_ref][:len(outs)], text=text,
+                local=tuple(local), k=k, out_dtype=out_dtype)
+
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
+
+
+def hlo_computations(text):
+    """({computation: {instruction: (opcode, result type, names it refers to)}}, entry name)
+    of compiled HLO text."""
+    comps, entry, cur = {}, None, None
+    for line in text.splitlines():
+        head = re.match(r"^(ENTRY )?%([\w.\-]+) ", line)
+        if head and line.rstrip().endswith("{"):
+            cur = head.group(2)
+            comps[cur] = {}
+            entry = cur if head.group(1) else entry
+        elif cur is not None and (ins := _INSTR.match(line)):
+            name, typ, op, rest = ins.groups()
+            comps[cur][name] = (op, typ, set(re.findall(r"%([\w.\-]+)", rest)))
+    return comps, entry
+
+
+def _has_op(comps, instr, ops, seen=frozenset()):
+    """Whether an instruction is one of `ops` or calls a computation that holds one."""
+    op, _, refs = instr
+    return op in ops or any(
+        r in comps and r not in seen and any(_has_op(comps, i, ops, seen | {r})
+                                             for i in comps[r].values()) for r in refs)
+
+
+def _ancestors(instrs, name):
+    """Instructions of one computation that `name` depends on, transitively."""
+    out, todo = set(), [name]
+    while todo:
+        for r in instrs[todo.pop()][2]:
+            if r in instrs and r not in out:
+                out.add(r)
+                todo.append(r)
+    return out
+
+
+def check_epilogue_partitioned(k_sharded, text, local_shape):
+    """The HLO facts of a partitioned tcgemm with an epilogue: every GEMM on the local shard;
+    no operand gathered (no all-gather / all-to-all); batch/M/N sharding: no all-reduce (on
+    CUDA the activation is inside our kernel: no tanh op at all); K sharding: exactly one
+    all-reduce, float32, and every activation op comes after it (depends on its result) and
+    none before it."""
+    shapes = gemm_result_shapes(text)
+    local_shape = tuple(d for d in local_shape if d != 1)
+    assert shapes and all(s == local_shape for s in shapes), (shapes, local_shape, text)
+    assert "all-gather" not in text and "all-to-all" not in text, text
+    comps, entry = hlo_computations(text)
+    reduce_ops = {"all-reduce", "all-reduce-start"}
+    n_reduce = sum(op in reduce_ops for c in comps.values() for op, _, _ in c.values())
+    instrs = comps[entry]
+    acts = [nm for nm, ins in instrs.items() if _has_op(comps, ins, {ACT_OP})]
+    if not k_sharded:
+        assert n_reduce == 0, text
+        if 'custom_call_target="tcgemm"' in text:
+            assert not acts, text  # fused into the kernel
+        return
+    assert n_reduce == 1, text
+    # the entry instruction(s) holding it: the all-reduce, or an async start / wrapper
+    ars = {nm for nm, ins in instrs.items() if _has_op(comps, ins, reduce_ops)}
+    assert ars, text
+    assert all(re.match(r"\(?f32\[", typ) for c in comps.values()
+               for op, typ, _ in c.values() if op in reduce_ops), text
+    assert acts, text
+    assert all(ars & _ancestors(instrs, t) for t in acts), text  # the activation after the sum
+    before = set().union(*(_ancestors(instrs, x) | {x} for x in ars))
+    assert not any(_has_op(comps, instrs[x], {ACT_OP}) for x in before), text
+
+
+def check_epilogue_values(case, exact):
+    """Sharded results against the float64 reference (per-dtype bound) and the single-device
+    run: bitwise equal when `exact` (each element summed in the same order), else within the
+    bound."""
+    for i, (out, single, ref) in enumerate(zip(case["outs"], case["single"], case["refs"])):
+        what = ("d", "pre")[i]
+        assert out.dtype == case["out_dtype"] and out.shape == ref.shape
+        assert_close(out, ref, case["out_dtype"], case["k"], f"{what} vs float64")
+        if exact:
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(single), what)
+        else:
+            assert_close(out, f64(single), case["out_dtype"], case["k"], f"{what} vs 1 device")
+
+
+@pytest.mark.parametrize("c_form", list(C_FORMS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_epilogue_sharded(mesh, kind, c_form):
+    """gemm with C (full, per-row, per-column) + bias + gelu_tanh: batch/M/N sharding runs the
+    fused op on local shards (bitwise the unsharded result); K sharding sums the partials with
+    one all-reduce and applies the epilogue once after it."""
+    case = epilogue_case(mesh, {kind: "d"}, c_form=c_form)
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=kind != "K")
+    expected = {"batch": P("d"), "M": P(None, "d"), "N": P(None, None, "d"), "K": P()}[kind]
+    spec = tuple(case["outs"][0].sharding.spec)
+    assert spec + (None,) * (3 - len(spec)) == tuple(expected) + (None,) * (3 - len(expected))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_epilogue_aux_sharded(mesh, kind):
+    """tcgemm(..., aux=True): d and the pre-activation, both sharded like the result."""
+    case = epilogue_case(mesh, {kind: "d"}, aux=True)
+    assert len(case["outs"]) == 2
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=kind != "K")
+    assert case["outs"][0].sharding == case["outs"][1].sharding
+
+
+@pytest.mark.parametrize("kind", ["M", "K"])
+def test_epilogue_traced_alpha_beta_sharded(mesh, kind):
+    """alpha and beta as jit arguments (the replicated scale operand)."""
+    case = epilogue_case(mesh, {kind: "d"}, traced=True, out_dtype=F16, dtype=F16)
+    check_epilogue_partitioned(kind == "K", case["text"], case["local"])
+    check_epilogue_values(case, exact=kind != "K")
+
+
+def test_epilogue_k_and_m_sharded():
+    """M over mesh axis x and K over y (2 x 2): c stays sharded along M (nothing gathered),
+    the local GEMM is (B, M/2, N), one all-reduce over y, then the epilogue."""
+    case = epilogue_case(cpu_mesh((2, 2), ("x", "y")), {"M": "x", "K": "y"}, aux=True)
+    check_epilogue_partitioned(True, case["text"], case["local"])
+    check_epilogue_values(case, exact=False)
+    assert "replica_groups" in case["text"] and case["outs"][0].sharding.spec[1] == "x"
+
+
+# primitive._transpose stacks the batch's rows for the gradient of a shared b: a reshape
+# (B, M, K) -> (1, B * M, K) that an M sharding cannot follow.
+_STACKED_ROWS = ("the gradient of the shared weights stacks the batch's rows, (B, M, K) -> "
+                 "(1, B*M, K) (primitive._transpose), which M sharding cannot follow")
+
+
+def epilogue_grad_case(mesh, kind, activation, bt=8, m=16, k=64, n=48):
+    """value_and_grad of sum(gemm(x, w, c, beta=0.5, bias, activation)^2) wrt x, w, c and
+    bias with x batch- or M-sharded (data / sequence parallel), w N-sharded (column parallel)
+    or K-sharded (row parallel), jitted over `mesh` (axis "d") and on its first device.
+    Returns a dict: sharded and single (each (value, grads)), lowered and compiled HLO text;
+    xfails on a known library limit (_STACKED_ROWS)."""
+    tag = (kind, activation, bt, m, k, n)
+    x = np.asarray(rand(("g-x",) + tag, (bt, m, k), BF16))
+    w = np.asarray(rand(("g-w",) + tag, (k, n), BF16))
+    c = np.asarray(rand(("g-c",) + tag, (bt, m, n), F32))
+    bias = np.asarray(rand(("g-b",) + tag, (n,), F32))
+    specs = {"batch": (P("d"), P(), P("d"), P()),
+             "M": (P(None, "d"), P(), P(None, "d"), P()),
+             "N": (P(), P(None, "d"), P(None, None, "d"), P("d")),
+             "K": (P(None, None, "d"), P("d"), P(), P())}[kind]
+
+    def loss(x, w, c, bias):
+        y = tg.gemm(x, w, c, beta=0.5, bias=bias, activation=activation, out_dtype=F32)
+        return jnp.sum(y * y)
+
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    args = [jax.device_put(v, NamedSharding(mesh, s)) for v, s in zip((x, w, c, bias), specs)]
+    try:
+        lowered = f.lower(*args)
+    except Exception as e:  # noqa: BLE001 (jax's ShardingTypeError is not public)
+        if kind == "M" and "reshape is not supported" in str(e):
+            pytest.xfail(f"Explicit axes: {_STACKED_ROWS}")
+        raise
+    compiled = lowered.compile()
+    single = f(*[jax.device_put(a, mesh.devices.flat[0]) for a in (x, w, c, bias)])
+    return dict(sharded=compiled(*args), single=single, lowered=lowered.as_text(),
+                text=compiled.as_text(), rows=bt * m)
+
+
+def check_epilogue_grad(case, kind):
+    """Value and gradients equal the single-device ones (per-dtype bounds); every product is
+    partitioned (the forward, dx and dw at least); nothing is gathered, except where a known
+    library limit gathers (xfail with the reason)."""
+    (v, grads), (v1, grads1) = case["sharded"], case["single"]
+    np.testing.assert_allclose(float(v), float(v1), rtol=1e-5)
+    for g, g1, name in zip(grads, grads1, ("x", "w", "c", "bias")):
+        assert g.dtype == g1.dtype and g.shape == g1.shape, name
+        assert_close(g, f64(g1), g.dtype, case["rows"], f"d{name} sharded {kind}")
+    n_partitioned = case["lowered"].count("stablehlo.custom_call @CustomSPMDPartitioning")
+    assert n_partitioned >= 3, case["lowered"]
+    text = case["text"]
+    assert "all-to-all" not in text, text
+    if "all-gather" in text and kind == "M":
+        pytest.xfail(_STACKED_ROWS)
+    if "all-gather" in text and n_partitioned == 3:
+        pytest.xfail("tcgemm_dact_p lowers without sharding.partitioned(..., dact_rule) "
+                     "(primitive.py registration): its operands are gathered")
+    assert "all-gather" not in text, text
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", None])
+@pytest.mark.parametrize("kind", ["batch", "M", "N", "K"])
+def test_epilogue_grad_under_sharding(mesh, kind, activation):
+    """grad of a fused gemm + bias + activation layer under data / sequence / column / row
+    parallel sharding: equal to the unsharded gradients, every GEMM partitioned, and nothing
+    gathered where the backward's tcgemm_dact_p is partitioned too (sharding.dact_rule)."""
+    check_epilogue_grad(epilogue_grad_case(mesh, kind, activation), kind)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_tcgemm import bench
-from jax_tcgemm.primitives import tcgemm
+from jax_tcgemm.primitive import tcgemm
 
 R = 64
 

@@ -50,6 +50,21 @@ constexpr int Sm80Fallback(int cfg) {
   return -1;
 }
 
+// Whether sm80 row `cfg` has kernels for operands that are not 16-byte aligned (element-wise
+// loads). Rows of more than 128 x 256 x 32 tile elements do not: their element-wise variants
+// would spill registers. There such operands run on ElementLoadsRow: the first sm80 row with
+// the same BK that has them (same k tiles, split and workspace).
+constexpr bool HasElementLoads(int cfg) {
+  return kConfigs[cfg].kind == Kind::kSm80 &&
+         int64_t(kConfigs[cfg].bm) * kConfigs[cfg].bn * kConfigs[cfg].bk <= 128 * 256 * 32;
+}
+constexpr int ElementLoadsRow(int cfg) {
+  if (HasElementLoads(cfg)) return cfg;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (HasElementLoads(i) && kConfigs[i].bk == kConfigs[cfg].bk) return i;
+  return -1;
+}
+
 // Names of all configs, in table order; built once.
 inline const std::array<std::string, kNumConfigs>& ConfigNames() {
   static const std::array<std::string, kNumConfigs> names = [] {
@@ -76,6 +91,15 @@ constexpr bool EveryHopperRowHasFallback() {
 }
 }  // namespace detail
 static_assert(detail::EveryHopperRowHasFallback(), "an sm90 row needs an sm80 row with its BK");
+namespace detail {
+constexpr bool EveryRowHasElementLoads() {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].kind == Kind::kSm80 && ElementLoadsRow(i) < 0) return false;
+  return true;
+}
+}  // namespace detail
+static_assert(detail::EveryRowHasElementLoads(),
+              "an sm80 row without element-wise loads needs a row with its BK that has them");
 
 // Compile-time traits of sm80 config CFG: derived sizes, checked by static_assert.
 template <int CFG>
@@ -96,10 +120,10 @@ struct ConfigTraits {
                                              // built for 16-bit operands (mma m16n8k16)
   static constexpr int kStageBytes = (kBM * kBK + kBK * kBN) * kElem;
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  // Epilogue: each warp of k group 0 stages 16 rows of its tile as float32 (the widest
-  // output) + 16 B pad.
+  // Epilogue: each warp of k group 0 parks its whole warp tile as float32 (+ 16 B per row), so
+  // that its accumulators are dead before the epilogue streams the tile out.
   static constexpr int kEpiRowBytes = kWN * 4 + 16;
-  static constexpr int kEpiBytes = kWarpsMN * 16 * kEpiRowBytes;
+  static constexpr int kEpiBytes = kWarpsMN * kWM * kEpiRowBytes;
   // Split-K reduced inside a cluster parks the whole float32 tile in shared memory, its rows
   // padded by 4 floats (conflict-free float2 stores).
   static constexpr int kClusterLd = kBN + 4;

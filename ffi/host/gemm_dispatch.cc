@@ -149,6 +149,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   if (kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
+  if (!aligned) config = ElementLoadsRow(config);  // (an sm90 row is aligned or fell back)
   const GemmConfig& cfg = kConfigs[config];
 
   const int64_t tiles_m = (p.m + cfg.bm - 1) / cfg.bm, tiles_n = (p.n + cfg.bn - 1) / cfg.bn;
@@ -175,6 +176,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
 
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
   const KernelEntry k = Sm80Kernel(pr.in_type, config, variant);
+  if (!k.fn) return "no kernel for config " + ConfigNames()[config] + " and this operand alignment";
   // Two slices of a push-reducing config: the other slice stores its tile into the leader's
   // receive slot (8.3 vs 8.6 us for 16 x 4096^2; with 3 to 8 slices the leader alone adding
   // them all is slower than every slice summing a share, 9.9 / 11.3 / 19.1 vs 9.7 / 10.8 /

@@ -11,7 +11,8 @@
 namespace tcgemm {
 
 struct KernelEntry {
-  const void* fn;  // __global__ gemm_sm80_kernel<...>
+  const void* fn;  // __global__ gemm_sm80_kernel<...> (nullptr: no such variant, see
+                   // HasElementLoads)
   int threads;
   int smem_bytes;
   int push_slot_bytes;  // ConfigTraits::kPushReduce: the leader's receive slot, which a

@@ -84,6 +84,7 @@ NB_MODULE(_tcgemm, m) {
       r["smem_bytes"] =
           SmemBytesOf(i, std::make_integer_sequence<int, tcgemm::kNumConfigs>{});
       r["fallback"] = tcgemm::ConfigNames()[tcgemm::Sm80Fallback(i)];
+      r["element_loads"] = tcgemm::HasElementLoads(i);
       rows.append(r);
     }
     return rows;

@@ -14,32 +14,35 @@
 namespace tcgemm {
 namespace {
 
-// Each thread sums VEC consecutive elements of one row over all slices. VEC = 4 needs N % 4 ==
-// 0 (then a group never crosses a row, and every slice and output group is aligned).
+// Block row blockIdx.y (and every gridDim.y-th after it) of each batch item; each thread sums
+// VEC consecutive elements of the row over all slices. VEC = 4 needs N % 4 == 0 (then every
+// slice and output group is aligned). No index divisions: rows, items and columns are loops.
 template <typename Out, int VEC>
 __global__ void __launch_bounds__(256) splitk_reduce_kernel(const GemmParams p,
                                                             const float* __restrict__ ws,
                                                             int splits) {
   const int64_t mn = p.m * p.n, count = p.batch * mn;
-  const int64_t groups = count / VEC;
   const EpiScale s = epi_scale(p);
-  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
-       g += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = g * VEC;
-    float v[VEC];
+  for (int64_t z = 0; z < p.batch; ++z) {
+    for (int64_t r = blockIdx.y; r < p.m; r += gridDim.y) {
+      const int64_t row = z * mn + r * p.n;
+      for (int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; col < p.n;
+           col += int64_t(gridDim.x) * blockDim.x * VEC) {
+        float v[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = 0.0f;
-    for (int sl = 0; sl < splits; ++sl) {
-      const float* src = ws + sl * count + i;
-      if constexpr (VEC == 4) {
-        const float4 x = __ldcs(reinterpret_cast<const float4*>(src));  // read once: streaming
-        v[0] += x.x; v[1] += x.y; v[2] += x.z; v[3] += x.w;
-      } else {
-        v[0] += __ldcs(src);
+        for (int j = 0; j < VEC; ++j) v[j] = 0.0f;
+        for (int sl = 0; sl < splits; ++sl) {
+          const float* src = ws + sl * count + row + col;
+          if constexpr (VEC == 4) {
+            const float4 x = __ldcs(reinterpret_cast<const float4*>(src));  // read once
+            v[0] += x.x; v[1] += x.y; v[2] += x.z; v[3] += x.w;
+          } else {
+            v[0] += __ldcs(src);
+          }
+        }
+        epi_store<Out, VEC>(p, s, z, r, col, v, row + col, VEC, true);
       }
     }
-    const int64_t z = i / mn, r = (i - z * mn) / p.n, col = i - z * mn - r * p.n;
-    epi_store<Out, VEC>(p, s, z, r, col, v, i, VEC, true);
   }
 }
 
@@ -48,14 +51,13 @@ cudaError_t Launch(const GemmParams& p, const float* ws, int splits, cudaStream_
   constexpr int kThreads = 256;
   const auto aligned = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
   const bool vec = p.n % 4 == 0 && aligned(p.d) && aligned(ws) && (!p.epi.aux || aligned(p.epi.aux));
-  const int64_t count = p.batch * p.m * p.n;
-  const int64_t groups = vec ? count / 4 : count;
-  const unsigned blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((groups + kThreads - 1) / kThreads, 1, 65535));
+  const int64_t groups = vec ? p.n / 4 : p.n;  // per row
+  const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>((groups + kThreads - 1) / kThreads, 1, 64)),
+                  static_cast<unsigned>(std::clamp<int64_t>(p.m, 1, 65535)));
   if (vec)
-    splitk_reduce_kernel<Out, 4><<<blocks, kThreads, 0, stream>>>(p, ws, splits);
+    splitk_reduce_kernel<Out, 4><<<grid, kThreads, 0, stream>>>(p, ws, splits);
   else
-    splitk_reduce_kernel<Out, 1><<<blocks, kThreads, 0, stream>>>(p, ws, splits);
+    splitk_reduce_kernel<Out, 1><<<grid, kThreads, 0, stream>>>(p, ws, splits);
   return cudaGetLastError();
 }
 

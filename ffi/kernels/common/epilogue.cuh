@@ -15,9 +15,13 @@
 
 #include "host/gemm_params.h"
 #include "kernels/common/element.cuh"
+#include "ptx/math.cuh"
 
 namespace tcgemm {
 
+// FAST: the result is rounded to bfloat16, so tanh may be the one-instruction approximation
+// (relative error ~2^-11, below bfloat16's 2^-9 rounding).
+template <bool FAST = false>
 __device__ __forceinline__ float activate(Activation a, float x) {
   switch (a) {
     case Activation::kNone: return x;
@@ -25,7 +29,7 @@ __device__ __forceinline__ float activate(Activation a, float x) {
     case Activation::kGelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case Activation::kGeluTanh: {
       const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-      return 0.5f * x * (1.0f + tanhf(u));
+      return 0.5f * x * (1.0f + (FAST ? ptx::tanh_approx(u) : tanhf(u)));
     }
     case Activation::kSilu: return x / (1.0f + expf(-x));
   }
@@ -91,11 +95,12 @@ __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t
   }
 }
 
-template <int V>
+template <int V, typename Out = float>
 __device__ __forceinline__ void epi_act(const GemmParams& p, float (&v)[V]) {
   if (p.epi.act == Activation::kNone) return;
+  constexpr bool kFast = std::is_same_v<Out, __nv_bfloat16>;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] = activate(p.epi.act, v[j]);
+  for (int j = 0; j < V; ++j) v[j] = activate<kFast>(p.epi.act, v[j]);
 }
 
 // Stores V floats to dst[0..V) as Out: one vector store when `vec` (dst aligned to V elements,
@@ -129,7 +134,7 @@ __device__ __forceinline__ void epi_store(const GemmParams& p, EpiScale s, int64
                                           int cols_left, bool vec) {
   epi_pre(p, s, z, r, col, v);
   if (p.epi.aux) store_vec<Out, V>(static_cast<Out*>(p.epi.aux) + d_off, v, cols_left, vec);
-  epi_act(p, v);
+  epi_act<V, Out>(p, v);
   store_vec<Out, V>(static_cast<Out*>(p.d) + d_off, v, cols_left, vec);
 }
 

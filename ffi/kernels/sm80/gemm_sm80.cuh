@@ -8,8 +8,9 @@
 //                  sliced K (kWarpsK > 1) each k group of warps takes its share of every stage's
 //                  k16 steps, and the groups sum in shared memory after the loop (sum_k_groups)
 //   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
-//   epilogue     : per-warp float32 staging in shared memory, coalesced row stores through the
-//                  common epilogue (kernels/common/epilogue.cuh; store_tile)
+//   epilogue     : each warp parks its float32 tile in shared memory, then streams it out in
+//                  coalesced rows through the common epilogue (kernels/common/epilogue.cuh;
+//                  store_tile)
 //
 // Operands are "K-major" (K contiguous: A untransposed, B transposed) or "MN-major" (M or N
 // contiguous: A transposed, B untransposed). Shared tiles keep the global orientation, so no
@@ -203,37 +204,37 @@ struct WarpFragments {
   }
 };
 
-// Copies 16 staged float32 rows of a warp tile out, one 16-byte shared read per lane and step:
-// through the epilogue into D (PARTIAL: raw to the split-K partials at `partial`). Lane l
-// always takes quad column l % kQuads and rows l / kQuads + i * kRowStep: `off` is the output
-// element offset of its first quad (row r, column c of batch item z), `rows_left`/`cols_left`
-// the rows and columns of the output from there on (<= 0: outside it).
-template <int WN, int ROW_BYTES, typename Out, bool PARTIAL>
+// Copies a warp's parked float32 tile (kWM rows of kWN, kEpiRowBytes apart) out, one 16-byte
+// shared read per lane and step: through the epilogue into D (PARTIAL: raw to the split-K
+// partials at `partial`). Lane l always takes quad column l % kQuads and rows l / kQuads + i *
+// kRowStep: `off` is the output element offset of its first quad (row r, column c of batch
+// item z), `rows_left`/`cols_left` the rows and columns of the output from there on (<= 0:
+// outside it). Not unrolled: the epilogue's code (C loads, activations) once per kernel.
+template <int CFG, typename Out, bool PARTIAL>
 __device__ __forceinline__ void copy_rows(const GemmParams& p, EpiScale s, float* partial,
                                           int64_t off, int64_t z, int64_t r, int64_t c,
                                           const char* stage, int rows_left, int cols_left,
                                           int lane) {
-  constexpr int kQuads = WN / 4;  // 4-float groups per row
+  using Tr = ConfigTraits<CFG>;
+  constexpr int kQuads = Tr::kWN / 4;  // 4-float groups per row
   static_assert(32 % kQuads == 0, "a lane keeps its quad column");
   constexpr int kRowStep = 32 / kQuads;
-  const char* src = stage + (lane / kQuads) * ROW_BYTES + (lane % kQuads) * 16;
+  const char* src = stage + (lane / kQuads) * Tr::kEpiRowBytes + (lane % kQuads) * 16;
   const bool vec = p.n % 4 == 0;  // then every quad is aligned and inside its row
-  // Not unrolled: the epilogue's code (C loads, activations) once per staged block, not once
-  // per row step (ptxas time and instruction cache).
+  if (cols_left <= 0) return;
 #pragma unroll 1
-  for (int i = 0; i < 16 / kRowStep; ++i, off += kRowStep * p.n) {
-    if (i * kRowStep < rows_left && cols_left > 0) {
-      const float4 q = *reinterpret_cast<const float4*>(src + i * kRowStep * ROW_BYTES);
-      float v[4] = {q.x, q.y, q.z, q.w};
-      if constexpr (PARTIAL) store_vec<float, 4>(partial + off, v, cols_left, vec);
-      else epi_store<Out, 4>(p, s, z, r + i * kRowStep, c, v, off, cols_left, vec);
-    }
+  for (int i = 0; i < Tr::kWM / kRowStep && i * kRowStep < rows_left;
+       ++i, off += kRowStep * p.n, src += kRowStep * Tr::kEpiRowBytes) {
+    const float4 q = *reinterpret_cast<const float4*>(src);
+    float v[4] = {q.x, q.y, q.z, q.w};
+    if constexpr (PARTIAL) store_vec<float, 4>(partial + off, v, cols_left, vec);
+    else epi_store<Out, 4>(p, s, z, r + i * kRowStep, c, v, off, cols_left, vec);
   }
 }
 
-// Epilogue of a warp tile: the warp stages its accumulators 16 rows at a time as float32 in its
-// private shared area, then copies them out row by row (coalesced): through the epilogue into
-// D, or (split-K through the workspace, p.partial set) raw into slice `slice`'s partials.
+// Epilogue of a warp tile: the warp parks all of its accumulators as float32 in its private
+// shared area (kWM rows), then streams them out row by row (coalesced): through the epilogue
+// into D, or (split-K through the workspace, p.partial set) raw into slice `slice`'s partials.
 template <int CFG>
 __device__ __forceinline__ void store_tile(const GemmParams& p, int slice, int64_t z,
                                            float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
@@ -241,34 +242,31 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int slice, int64
   using Tr = ConfigTraits<CFG>;
   constexpr int kQuads = Tr::kWN / 4;
   const int g = lane >> 2, q = lane & 3;
-  const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
-  const int64_t item = p.partial ? int64_t(slice) * p.batch + z : z;
-  int64_t off = item * p.m * p.n + r * p.n + c;  // output element offset of the lane's first quad
-  int rows_left = static_cast<int>(p.m - r);
-  const int cols_left = static_cast<int>(p.n - c);
-  const EpiScale s = epi_scale(p);
 #pragma unroll
-  for (int mi = 0; mi < Tr::kMI; ++mi) {
+  for (int mi = 0; mi < Tr::kMI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < Tr::kNI; ++ni)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(stage + (g + 8 * h) * Tr::kEpiRowBytes + (ni * 8 + 2 * q) * 4) =
+        *reinterpret_cast<float2*>(stage + (mi * 16 + g + 8 * h) * Tr::kEpiRowBytes +
+                                   (ni * 8 + 2 * q) * 4) =
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-    __syncwarp();
-    if (p.partial) {
-      copy_rows<Tr::kWN, Tr::kEpiRowBytes, float, true>(p, s, p.partial, off, z, r + 16 * mi, c,
-                                                         stage, rows_left, cols_left, lane);
-    } else {
-      with_dtype(p.d_type, [&](auto out) {
-        copy_rows<Tr::kWN, Tr::kEpiRowBytes, decltype(out), false>(
-            p, s, nullptr, off, z, r + 16 * mi, c, stage, rows_left, cols_left, lane);
-      });
-    }
-    __syncwarp();
-    off += 16 * p.n;
-    rows_left -= 16;
+  __syncwarp();
+  const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
+  const int64_t item = p.partial ? int64_t(slice) * p.batch + z : z;
+  const int64_t off = item * p.m * p.n + r * p.n + c;  // output offset of the lane's first quad
+  const int rows_left = static_cast<int>(min(p.m - r, int64_t(Tr::kWM)));
+  const int cols_left = static_cast<int>(min(p.n - c, int64_t(4)));
+  const EpiScale s = epi_scale(p);
+  if (p.partial) {
+    copy_rows<CFG, float, true>(p, s, p.partial, off, z, r, c, stage, rows_left, cols_left, lane);
+  } else {
+    with_dtype(p.d_type, [&](auto out) {
+      copy_rows<CFG, decltype(out), false>(p, s, nullptr, off, z, r, c, stage, rows_left,
+                                           cols_left, lane);
+    });
   }
+  __syncwarp();
 }
 
 // Calls f(mi, ni, h, i) for each pair of accumulators (acc[mi][ni][2h], acc[mi][ni][2h + 1])
@@ -442,13 +440,19 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
 
     // Threadblock rasterization: column-major within groups of kGroupM tile rows, so that
     // consecutive blocks share A row-panels and B column-panels in L2.
-    constexpr int kGroupM = 8;
-    const int pid = ptx::ctaid_x();
-    const int group_size = kGroupM * p.tiles_n;
-    const int first_m = (pid / group_size) * kGroupM;
-    const int group_m = min(p.tiles_m - first_m, kGroupM);
-    const int64_t m0 = int64_t(first_m + (pid % group_size) % group_m) * Tr::kBM;
-    const int64_t n0 = int64_t((pid % group_size) / group_m) * Tr::kBN;
+    // Evaluated again for the epilogue (from the block index, read anew): the tile origin is
+    // not held in registers across the main loop.
+    auto tile_origin = [&p]() {
+      constexpr int kGroupM = 8;
+      const int pid = ptx::ctaid_x();
+      const int group_size = kGroupM * p.tiles_n;
+      const int first_m = (pid / group_size) * kGroupM;
+      const int group_m = min(p.tiles_m - first_m, kGroupM);
+      return make_longlong2((first_m + (pid % group_size) % group_m) * int64_t(Tr::kBM),
+                            ((pid % group_size) / group_m) * int64_t(Tr::kBN));
+    };
+    const longlong2 origin = tile_origin();
+    const int64_t m0 = origin.x, n0 = origin.y;
 
     // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
     // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles
@@ -548,18 +552,19 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
     if constexpr (Tr::kWarpsK > 1) sum_k_groups<CFG>(acc, smem, wk, wm0, wn0, lane);
+    const longlong2 tile = tile_origin();
     const bool holds = wk == 0;  // this warp holds the block's sums
 
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
       if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane))
-        store_tile<CFG>(p, 0, z, acc, smem + wmn * 16 * Tr::kEpiRowBytes, m0 + wm0, n0 + wn0,
+        store_tile<CFG>(p, 0, z, acc, smem + wmn * Tr::kWM * Tr::kEpiRowBytes, tile.x + wm0, tile.y + wn0,
                         lane);
     } else if (p.cluster_reduce) {
-      cluster_reduce_store<CFG>(p, z, acc, smem, m0, n0, holds, wm0, wn0, tid);
+      cluster_reduce_store<CFG>(p, z, acc, smem, tile.x, tile.y, holds, wm0, wn0, tid);
     } else if (holds) {
-      char* stage = smem + wmn * 16 * Tr::kEpiRowBytes;  // this warp's staging rows
-      store_tile<CFG>(p, split, z, acc, stage, m0 + wm0, n0 + wn0, lane);
+      char* stage = smem + wmn * Tr::kWM * Tr::kEpiRowBytes;  // this warp's parking area
+      store_tile<CFG>(p, split, z, acc, stage, tile.x + wm0, tile.y + wn0, lane);
     }
     __syncthreads();  // staging area is the next batch item's pipeline
   }

@@ -22,8 +22,13 @@ std::array<KernelEntry, kVariants / 2> ConfigEntries() {
   if constexpr (kConfigs[CFG].kind != Kind::kSm80) {
     return {};  // sm90 rows: kernels/sm90 (the dispatcher runs their fallback here)
   } else {
-    return {MakeEntry<T, CFG, AK, false, false>(), MakeEntry<T, CFG, AK, false, true>(),
-            MakeEntry<T, CFG, AK, true, false>(), MakeEntry<T, CFG, AK, true, true>()};
+    if constexpr (!HasElementLoads(CFG)) {  // aligned variants only (ElementLoadsRow)
+      return {KernelEntry{}, MakeEntry<T, CFG, AK, false, true>(), KernelEntry{},
+              MakeEntry<T, CFG, AK, true, true>()};
+    } else {
+      return {MakeEntry<T, CFG, AK, false, false>(), MakeEntry<T, CFG, AK, false, true>(),
+              MakeEntry<T, CFG, AK, true, false>(), MakeEntry<T, CFG, AK, true, true>()};
+    }
   }
 }
 

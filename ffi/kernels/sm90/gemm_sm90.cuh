@@ -113,39 +113,17 @@ __device__ __forceinline__ void put_pair(char* dst, float v0, float v1) {
   }
 }
 
-// The epilogue's first part on a consumer warpgroup's 64 x BN accumulators of batch item z
-// (rows row0.., columns col0..; thread layout in ptx/wgmma.cuh): alpha, beta * C and bias, in
-// place, so that they hold the pre-activation values. Rows past M are left alone.
-template <int BN>
-__device__ __forceinline__ void pre_block(const GemmParams& p, float (&acc)[BN / 2], int64_t z,
-                                          int64_t row0, int64_t col0, int t) {
-  const EpiScale s = epi_scale(p);
-  const int lane = t & 31, warp = t >> 5;
-  const int64_t r = row0 + warp * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int64_t col = col0 + 8 * j + 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (r + 8 * h >= p.m) continue;
-      float v[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
-      epi_pre<2>(p, s, z, r + 8 * h, col, v);
-      acc[4 * j + 2 * h] = v[0];
-      acc[4 * j + 2 * h + 1] = v[1];
-    }
-  }
-}
-
-// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh) to the M x N
-// matrix at `out` (D or aux of one batch item, or a split-K slice's partials), converted to Out
-// (ACT: after the epilogue's activation), one panel at a time through its staging panel `epi`: the warpgroup writes the panel, then stores whole
+// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh), times `scale`,
+// to the M x N matrix at `c` (D of one batch item when the epilogue is no more than alpha, or a
+// split-K slice's raw partials), converted to Out before staging, one panel at a time through
+// its staging panel `epi`: the warpgroup writes the panel, then stores whole
 // rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
 // are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
 // elements). Nothing past M or N is written. `bar`: the warpgroup's named barrier.
-template <typename Out, int BN, bool ACT>
+template <typename Out, int BN>
 __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const float (&acc)[BN / 2],
-                                            int64_t row0, int64_t col0, int t, char* epi,
-                                            uint32_t bar) {
+                                            float scale, int64_t row0, int64_t col0, int t,
+                                            char* epi, uint32_t bar) {
   constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
   constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
   static_assert(BN % kCols == 0, "whole panels");
@@ -160,10 +138,9 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
     for (int jj = 0; jj < kCols / 8; ++jj) {
       const int j = panel * (kCols / 8) + jj;
       const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-      float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-      if constexpr (ACT) epi_act<4>(p, v);
-      put_pair<Out>(epi + epi_offset<Out>(r, byte), v[0], v[1]);
-      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), v[2], v[3]);
+      put_pair<Out>(epi + epi_offset<Out>(r, byte), scale * acc[4 * j], scale * acc[4 * j + 1]);
+      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), scale * acc[4 * j + 2],
+                    scale * acc[4 * j + 3]);
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
     const int64_t pc = col0 + panel * kCols;
@@ -190,6 +167,46 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
                 *reinterpret_cast<const Out*>(epi + epi_offset<Out>(row, e * int(sizeof(Out))));
         }
       }
+    }
+  }
+}
+
+// The full epilogue (kernels/common/epilogue.cuh) on a consumer warpgroup's 64 x BN
+// accumulators of batch item z: the raw float32 accumulators go through the staging panel 64
+// columns at a time, and the copy-out applies the epilogue to each 16-byte chunk (4 columns of
+// a row: coalesced C reads) on its way to D (and aux). The copy-out loop is not unrolled: the
+// epilogue's code once, and no registers held across it but the accumulators not yet staged.
+template <typename Out, int BN>
+__device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc)[BN / 2],
+                                          int64_t z, int64_t row0, int64_t col0, int t,
+                                          char* epi, uint32_t bar) {
+  constexpr int kCols = 64;  // float32 columns per panel
+  const int lane = t & 31, warp = t >> 5;
+  const int r = warp * 16 + (lane >> 2);
+  const EpiScale s = epi_scale(p);
+  const bool vec = p.n % 4 == 0;
+  const int64_t item = z * p.m * p.n;
+#pragma unroll
+  for (int panel = 0; panel < BN / kCols; ++panel) {
+    ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
+#pragma unroll
+    for (int jj = 0; jj < kCols / 8; ++jj) {
+      const int j = panel * (kCols / 8) + jj;
+      const int byte = (8 * jj + 2 * (lane & 3)) * 4;
+      put_pair<float>(epi + epi_offset<float>(r, byte), acc[4 * j], acc[4 * j + 1]);
+      put_pair<float>(epi + epi_offset<float>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
+    }
+    ptx::named_barrier_sync(bar, 128);  // the panel is complete
+    const int64_t pc = col0 + panel * kCols;
+#pragma unroll 1
+    for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
+      const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
+      const int64_t gr = row0 + row, gc = pc + q * 4;
+      if (gr >= p.m || gc >= p.n) continue;
+      const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
+      float v[4] = {x.x, x.y, x.z, x.w};
+      epi_store<Out, 4>(p, s, z, gr, gc, v, item + gr * p.n + gc,
+                        static_cast<int>(min(p.n - gc, int64_t(4))), vec);
     }
   }
 }
@@ -295,6 +312,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   int s = 0;
   uint32_t phase = 0;
   float acc[Tr::kMB][Tr::kBN / 2];
+  // An epilogue of no more than alpha takes the short path (store_block); any other the full
+  // one (epi_block).
+  const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.scale &&
+                      p.epi.act == Activation::kNone;
+  const float alpha = p.epi.alpha;
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
 #pragma unroll
@@ -332,21 +354,20 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     for (int mb = 0; mb < Tr::kMB; ++mb) {
       const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
       if (p.partial) {  // split-K through the workspace: raw float32, the reduction finishes
-        store_block<float, Tr::kBN, false>(
-            p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], row0,
-            wk.n0, t, epi, 1 + cw);
-        continue;
+        store_block<float, Tr::kBN>(
+            p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], 1.0f,
+            row0, wk.n0, t, epi, 1 + cw);
+      } else if (simple) {  // no more than alpha: convert before staging (half the panels)
+        with_dtype(p.d_type, [&](auto out) {
+          using Out = decltype(out);
+          store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.z * p.m * p.n, acc[mb],
+                                    alpha, row0, wk.n0, t, epi, 1 + cw);
+        });
+      } else {
+        with_dtype(p.d_type, [&](auto out) {
+          epi_block<decltype(out), Tr::kBN>(p, acc[mb], wk.z, row0, wk.n0, t, epi, 1 + cw);
+        });
       }
-      pre_block<Tr::kBN>(p, acc[mb], wk.z, row0, wk.n0, t);
-      with_dtype(p.d_type, [&](auto out) {
-        using Out = decltype(out);
-        const int64_t item = wk.z * p.m * p.n;
-        if (p.epi.aux)
-          store_block<Out, Tr::kBN, false>(p, static_cast<Out*>(p.epi.aux) + item, acc[mb], row0,
-                                           wk.n0, t, epi, 1 + cw);
-        store_block<Out, Tr::kBN, true>(p, static_cast<Out*>(p.d) + item, acc[mb], row0, wk.n0,
-                                        t, epi, 1 + cw);
-      });
     }
   }
 #elif defined(__CUDA_ARCH__)
