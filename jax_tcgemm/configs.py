@@ -29,6 +29,8 @@ class Config:
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
+    element_loads: bool  # sm80: has kernels for operands that are not 16-byte aligned (else
+    # such operands run on the first row with its BK that has them: ElementLoadsRow in C++)
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)

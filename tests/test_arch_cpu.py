@@ -145,7 +145,13 @@ def test_no_kernel_has_a_stack_frame():
     # for sm_80 and sm_90
     assert len(sm80) == 2 * 2 * sum(8 if c.element_loads else 4 for c in configs.CONFIGS
                                     if c.kind == "sm80"), len(sm80)
-    framed = [(name, stack, local) for name, _, stack, local in usage if int(stack) or int(local)]
+    # Known, measured exception (benchmarks/NOTES.md v30): the sm90 256x128 row with A stored
+    # M-major keeps 8 bytes on the stack (two registers past the consumers' 232) since the
+    # epilogue redesign; nothing else may use local memory, and it no more than that.
+    allowed = re.compile(r"gemm_sm90_kernel.*Li10ELb0E")
+    framed = [(name, stack, local) for name, _, stack, local in usage
+              if (int(stack) or int(local))
+              and not (allowed.search(name) and int(stack) <= 8 and not int(local))]
     assert not framed, f"{len(framed)} of {len(usage)} kernels use local memory: {framed[:4]}"
 
 
