@@ -15,6 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+# The functions as imported, not looked up at call time: a user may monkeypatch
+# jax.lax.dot_general = tg.dot_general (the fallbacks below must not call back into us).
+from jax.lax import dot_general as _lax_dot_general
+from jax.numpy import matmul as _jnp_matmul
 
 from .primitive import tcgemm
 from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES
@@ -49,9 +53,8 @@ def matmul(a, b, *, out_dtype=None):
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"jax_tcgemm.matmul: operands must have rank >= 1; got shapes "
                          f"{a.shape} and {b.shape}")
-    if not _kernel_dtype(a, b):
-        out = jnp.matmul(a, b)
-        return out if out_dtype is None else out.astype(out_dtype)
+    if not _kernel_dtype(a, b):  # accumulate in out_dtype, as lax (never cast after the fact)
+        return _jnp_matmul(a, b, preferred_element_type=out_dtype)
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
@@ -92,6 +95,9 @@ def _normalize_dims(dims, ndim, what, shape):
         raise TypeError(f"jax_tcgemm.dot_general: {what} must be a sequence of ints, got "
                         f"{dims!r}") from None
     for d in out:
+        if d < 0:  # lax takes no negative dimension numbers
+            raise TypeError(f"jax_tcgemm.dot_general: {what} {dims} must be nonnegative (as in "
+                            f"lax.dot_general) for an operand of shape {shape}")
         if not -ndim <= d < ndim:
             raise ValueError(f"jax_tcgemm.dot_general: {what} {dims} out of range for an operand "
                              f"of shape {shape}")
@@ -130,8 +136,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Any dimension numbers map onto one batched GEMM: free and contracting dims are collapsed by
     reshapes, and operands whose dims are already ordered (batch, free, contracting) or (batch,
     contracting, free) need no copy (layout flags); other orders cost one transpose of that
-    operand. `precision` is accepted and has no effect: float16/bfloat16 products are exact in
-    the float32 accumulator. `preferred_element_type` picks the output dtype.
+    operand. `precision` is validated as lax does and has no effect: float16/bfloat16 products
+    are exact in the float32 accumulator. `preferred_element_type` is normalised as lax does it;
+    a result type the kernels do not write (float64, integers) is computed by lax.
     """
     lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
     try:
@@ -141,9 +148,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                         f"((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)); got "
                         f"{dimension_numbers!r}") from None
     if not _kernel_dtype(lhs, rhs):
-        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type,
-                               out_sharding=out_sharding)
+        return _lax_dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                preferred_element_type=preferred_element_type,
+                                out_sharding=out_sharding)
     lc = _normalize_dims(lc, lhs.ndim, "lhs contracting dims", lhs.shape)
     rc = _normalize_dims(rc, rhs.ndim, "rhs contracting dims", rhs.shape)
     lb = _normalize_dims(lb, lhs.ndim, "lhs batch dims", lhs.shape)
@@ -158,9 +165,19 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         raise ValueError(f"jax_tcgemm.dot_general: contracting sizes differ: {desc}")
     if any(lhs.shape[i] != rhs.shape[j] for i, j in zip(lb, rb)):
         raise ValueError(f"jax_tcgemm.dot_general: batch sizes differ: {desc}")
-    out_dtype = _check_out_dtype(
-        lhs.dtype if preferred_element_type is None else preferred_element_type,
-        "preferred_element_type")
+    # lax's own checks and result type (dimension numbers, precision, preferred_element_type),
+    # on shapes only: every argument lax rejects is rejected with lax's error, and the result
+    # dtype is lax's (float64 with x64, Python float -> float32 or float64, ints, ...).
+    want = jax.eval_shape(
+        lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
+                                      preferred_element_type=preferred_element_type),
+        jax.ShapeDtypeStruct(lhs.shape, lhs.dtype), jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
+    if np.dtype(want.dtype) not in OUT_DTYPES:
+        return _lax_dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                preferred_element_type=preferred_element_type,
+                                out_sharding=out_sharding)
+    preferred_element_type = want.dtype
+    out_dtype = _check_out_dtype(preferred_element_type, "preferred_element_type")
 
     (lperm, ta, rperm, tb), lf, rf = _plan(lhs.shape, rhs.shape, lc, rc, lb, rb)
     k = math.prod(lhs.shape[i] for i in lc)

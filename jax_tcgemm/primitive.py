@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
+from jax.lax import dot_general as _lax_dot_general  # as imported: safe under a monkeypatch
 from jax.interpreters import ad, batching, mlir
 
 from . import _ffi, epilogue, problem, sharding
@@ -129,7 +130,7 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
     dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
     # float32 operands: half-precision products are exact in float32, and XLA:CPU has no
     # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
-    acc = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
+    acc = _lax_dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
                           precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     return epilogue.apply(acc, c, bias, scale, alpha=alpha, beta=beta, activation=activation,
                           out_dtype=out_dtype, aux=aux)

@@ -206,8 +206,6 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
      r"dimension_numbers.*None"),
     ("dg_dims_not_ints", lambda: tg.dot_general(h(4, 8), h(8, 3), (((None,), (0,)), ((), ()))),
      TypeError, r"contracting.*None"),
-    ("dg_pet_int8", lambda: tg.dot_general(h(4, 8), h(8, 3), DG_NN,
-                                           preferred_element_type=jnp.int8), TypeError, r"int8"),
     ("dg_string", lambda: tg.dot_general(h(4, 8), "x", DG_NN), TypeError, r"str"),
     ("bind_rank2", lambda: bind(h(4, 8), h(8, 3)), ValueError, r"rank 3.*\(4, 8\).*\(8, 3\)"),
     ("bind_mixed_dtypes", lambda: bind(h(1, 4, 8), h(1, 8, 3, dt=BF16)), TypeError,
@@ -264,9 +262,6 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
      ValueError, r"out of range.*shape \(\)"),
     ("dg_dims_float", lambda: tg.dot_general(h(4, 8), h(8, 3), (((1.0,), (0,)), ((), ()))),
      TypeError, r"\(1\.0,\)"),
-    ("dg_pet_complex64", lambda: tg.dot_general(h(4, 8), h(8, 3), DG_NN,
-                                                preferred_element_type=jnp.complex64),
-     TypeError, r"complex64"),
 ]
 
 

@@ -1,0 +1,142 @@
+"""Drop-in fidelity of tg.dot_general / tg.matmul against lax (issue 25, "Drop-in fidelity"):
+fallback dtypes bit-exact with lax and accumulated in the requested type, lax's normalisation
+of preferred_element_type, lax's validation of precision and dimension numbers, and safety
+under a global monkeypatch of jax.lax.dot_general. CPU; fresh random inputs per case."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tcgemm as tg
+
+LAX_DOT = lax.dot_general  # the original, taken before any test patches it
+DN = (((1,), (0,)), ((), ()))
+
+
+def rand(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if np.issubdtype(dt, np.integer):
+        info = np.iinfo(dt)
+        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dt)
+    if np.issubdtype(dt, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    return rng.standard_normal(shape).astype(dt)
+
+
+def same(x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape, (x.dtype, y.dtype, x.shape, y.shape)
+    np.testing.assert_array_equal(x, y)
+
+
+FALLBACK = ["int8", "int16", "int32", "uint8", "float32", "complex64", "bool"]
+
+
+@pytest.mark.parametrize("dtype", FALLBACK)
+def test_fallback_dtypes_bit_exact_with_lax(dtype):
+    a, b = rand((8, 64), dtype, 1), rand((64, 8), dtype, 2)
+    same(tg.dot_general(a, b, DN), LAX_DOT(a, b, DN))
+    same(tg.matmul(a, b), jnp.matmul(a, b))
+
+
+@pytest.mark.parametrize("dtype,out", [("int8", "int32"), ("int16", "int32"),
+                                       ("uint8", "int32"), ("float16", "float16")])
+def test_matmul_accumulates_in_out_dtype(dtype, out):
+    """int8 @ int8 -> int32 accumulates in int32 (it used to wrap in int8, then cast)."""
+    a = rand((8, 64), dtype, 3) if dtype != "float16" else rand((8, 64), "float16", 3)
+    b = rand((64, 8), dtype, 4)
+    got = tg.matmul(a, b, out_dtype=out)
+    want = jnp.matmul(a, b, preferred_element_type=out)
+    assert got.dtype == np.dtype(out)
+    if dtype != "float16":
+        same(got, want)
+        exact = a.astype(np.int64) @ b.astype(np.int64)
+        np.testing.assert_array_equal(np.asarray(got, np.int64), exact)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("pet", [np.float64, float, np.int32, np.int8, np.complex64, None,
+                                 np.float32, "bfloat16"])
+def test_preferred_element_type_normalised_as_lax(dtype, pet):
+    a, b = rand((8, 16), "float32", 5).astype(dtype), rand((16, 8), "float32", 6).astype(dtype)
+    try:
+        want = LAX_DOT(a, b, DN, preferred_element_type=pet)
+    except Exception as e:  # lax rejects it: so must we, with the same type of error
+        with pytest.raises(type(e)):
+            tg.dot_general(a, b, DN, preferred_element_type=pet)
+        return
+    got = tg.dot_general(a, b, DN, preferred_element_type=pet)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("precision", ["nonsense", 7, ("high", "low", "x"), object()])
+def test_invalid_precision_rejected_as_lax(precision):
+    a, b = rand((4, 8), "float16", 7), rand((8, 4), "float16", 8)
+    with pytest.raises(Exception) as lax_err:
+        LAX_DOT(a, b, DN, precision=precision)
+    with pytest.raises(type(lax_err.value)):
+        tg.dot_general(a, b, DN, precision=precision)
+
+
+@pytest.mark.parametrize("precision", [None, "highest", lax.Precision.HIGH,
+                                       (lax.Precision.DEFAULT, lax.Precision.HIGHEST)])
+def test_valid_precision_accepted(precision):
+    a, b = rand((4, 8), "bfloat16", 9), rand((8, 4), "bfloat16", 10)
+    out = tg.dot_general(a, b, DN, precision=precision)
+    assert out.shape == (4, 4) and out.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("dims", [
+    (((-1,), (0,)), ((), ())),                 # negative contracting dim
+    (((1,), (-2,)), ((), ())),
+    (((1,), (0,)), ((0,), (0,))),              # a dim both batch and contracting
+    (((1, 1), (0, 0)), ((), ())),              # repeated
+    (((2,), (0,)), ((), ())),                  # out of range
+    (((1,), (1,)), ((), ())),                  # sizes differ
+])
+def test_dimension_numbers_as_strict_as_lax(dims):
+    a, b = rand((4, 8), "float16", 11), rand((8, 6), "float16", 12)
+    with pytest.raises((TypeError, ValueError)):  # lax: TypeError
+        LAX_DOT(a, b, dims)
+    with pytest.raises((TypeError, ValueError)):  # ours: a clear error at trace time
+        tg.dot_general(a, b, dims)
+
+
+def test_global_monkeypatch_does_not_recurse(monkeypatch):
+    """jax.lax.dot_general = tg.dot_general: float32 calls (our fallback), half-precision calls
+    (our kernel, lowered through lax on CPU) and jitted calls all work and match lax."""
+    monkeypatch.setattr(jax.lax, "dot_general", tg.dot_general)
+    for dtype in ("float32", "float16", "bfloat16", "int8"):
+        a, b = rand((8, 16), dtype, 13), rand((16, 8), dtype, 14)
+        got = jax.lax.dot_general(a, b, DN)
+        same(got, LAX_DOT(a, b, DN))
+        got_jit = jax.jit(lambda x, y: jax.lax.dot_general(x, y, DN))(a, b)
+        same(got_jit, LAX_DOT(a, b, DN))
+    # and through the gradient (its products are tcgemm again)
+    a, b = rand((8, 16), "float32", 15), rand((16, 8), "float32", 16)
+    g = jax.grad(lambda x: jax.lax.dot_general(x, b, DN).sum())(a)
+    np.testing.assert_allclose(g, np.broadcast_to(b.sum(1), (8, 16)), rtol=1e-5)
+
+
+def test_every_fallback_pair_matches_lax_result_type():
+    """Mixed and fallback dtype pairs: same result dtype as lax (promotion included)."""
+    for da, db in itertools.product(["float16", "bfloat16", "float32", "int8"], repeat=2):
+        a, b = rand((4, 8), da, 17), rand((8, 4), db, 18)
+        try:
+            want = LAX_DOT(a, b, DN)
+        except Exception as e:
+            with pytest.raises(type(e)):
+                tg.dot_general(a, b, DN)
+            continue
+        got = tg.dot_general(a, b, DN)
+        assert got.dtype == want.dtype, (da, db)
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                                   rtol=1e-2, atol=1e-2)
