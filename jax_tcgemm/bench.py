@@ -24,9 +24,8 @@ import sys
 import numpy as np
 
 from . import timing
-from .timing import (AXPBY, EPILOGUE, LLM_M, LLM_NK, MAX_R, MEM_FRAC_R, SUITES,  # noqa: F401
-                     TARGET_FLOP, Case, cases, choose_reps, harness_operands, parse_shape,
-                     time_fn, time_fns)
+from .timing import (AXPBY, MAX_R, MEM_FRAC_R, SUITES, TARGET_FLOP, Case,  # noqa: F401
+                     cases, choose_reps, harness_operands, parse_shape, time_fn, time_fns)
 
 _harness = timing.harness  # (tools/ use it under this name)
 MEM_FRAC_SKIP = 0.40      # a single product's A+B+C above this share: the row is skipped

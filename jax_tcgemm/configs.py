@@ -8,6 +8,8 @@ import dataclasses
 import functools
 import math
 
+from .problem import layout_name  # noqa: F401  (configs.layout_name: tests, bench)
+
 LAYOUTS = ("NN", "NT", "TN", "TT")  # BLAS letters for (A, B): N = as stored, T = transposed
 
 
@@ -48,10 +50,6 @@ CONFIGS: tuple[Config, ...] = (tuple(Config(**r) for r in _module().config_table
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
 MAX_SPLIT_K = _module().max_split_k() if _module() is not None else 64
 MAX_CLUSTER_SPLIT = _module().max_cluster_split() if _module() is not None else 8
-
-
-def layout_name(transpose_a: bool, transpose_b: bool) -> str:
-    return ("T" if transpose_a else "N") + ("T" if transpose_b else "N")
 
 
 def sm80_fallback(c: Config) -> Config:

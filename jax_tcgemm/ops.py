@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 # The functions as imported, not looked up at call time: a user may monkeypatch
 # jax.lax.dot_general = tg.dot_general (the fallbacks below must not call back into us).
 from jax.lax import dot_general as _lax_dot_general
@@ -30,6 +28,17 @@ def _as_array(x, name):
     if isinstance(x, (bool, int, float, complex, list, tuple)):
         return jnp.asarray(x)
     raise TypeError(f"jax_tcgemm: {name} must be an array, got {type(x).__name__}")
+
+
+def _to3(x, batch):
+    """x (..., R, C) as (B, R, C) for a result batch `batch`: batch-1 operands stay shared
+    (stride 0 in the kernel), others are broadcast to the batch (a partial broadcast has no
+    single stride and is materialised)."""
+    if math.prod(x.shape[:-2]) == 1:
+        return x.reshape((1,) + x.shape[-2:])
+    if tuple(x.shape[:-2]) != tuple(batch):
+        x = jnp.broadcast_to(x, tuple(batch) + x.shape[-2:])
+    return x.reshape((math.prod(batch),) + x.shape[-2:])
 
 
 def _kernel_dtype(a, b) -> bool:
@@ -63,24 +72,11 @@ def matmul(a, b, *, out_dtype=None):
                          f"{a.dtype} @ b{b.shape} {b.dtype} (K = {a2.shape[-1]} vs "
                          f"{b2.shape[-2]})")
     try:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     except ValueError:
         raise ValueError(f"jax_tcgemm.matmul: batch dimensions do not broadcast: a{a.shape} @ "
                          f"b{b.shape}") from None
-    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    if math.prod(b2.shape[:-2]) == 1:
-        # B is shared: fold all of A's leading dims into M (one larger GEMM).
-        rows = math.prod(a2.shape[:-1])
-        out = tcgemm(a2.reshape(1, rows, k), b2.reshape(1, k, n), out_dtype=out_dtype)
-        out = out.reshape(batch + (m, n))
-    else:
-        def to3(x, rows, cols):  # batch-1 operands stay shared (stride 0); others broadcast
-            if math.prod(x.shape[:-2]) == 1:
-                return x.reshape(1, rows, cols)
-            if x.shape[:-2] != batch:  # partial broadcast: no single stride; materialised
-                x = jnp.broadcast_to(x, batch + x.shape[-2:])
-            return x.reshape(math.prod(batch), rows, cols)
-        out = tcgemm(to3(a2, m, k), to3(b2, k, n), out_dtype=out_dtype).reshape(batch + (m, n))
+    out = gemm(a2, b2, out_dtype=out_dtype)  # (batch folding into M for a shared b: there)
     if a.ndim == 1:
         out = out[..., 0, :]
     if b.ndim == 1:
@@ -250,13 +246,6 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     out_shape = batch + (m, n)
     bsz = math.prod(batch)
 
-    def to3(x):  # batch-1 operands stay shared (stride 0); others broadcast to the batch
-        if math.prod(x.shape[:-2]) == 1:
-            return x.reshape((1,) + x.shape[-2:])
-        if tuple(x.shape[:-2]) != batch:
-            x = jnp.broadcast_to(x, batch + x.shape[-2:])
-        return x.reshape((bsz,) + x.shape[-2:])
-
     c3 = None
     if c is not None:
         c = _as_array(c, "c")
@@ -298,10 +287,11 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
         a2 = jnp.broadcast_to(a, batch + a.shape[-2:]).reshape(1, bsz * m, k)
         if c3 is not None and c3.shape[0] == bsz:
             c3 = c3.reshape(1, bsz * m, c3.shape[2])
-        out = tcgemm(a2, to3(b), c3, bias2, scale, transpose_b=transpose_b, out_dtype=out_dtype,
-                     alpha=al, beta=be, activation=activation, overwrite_c=overwrite_c)
+        out = tcgemm(a2, _to3(b, batch), c3, bias2, scale, transpose_b=transpose_b,
+                     out_dtype=out_dtype, alpha=al, beta=be, activation=activation,
+                     overwrite_c=overwrite_c)
         return out.reshape(out_shape)
-    out = tcgemm(to3(a), to3(b), c3, bias2, scale, transpose_a=transpose_a,
+    out = tcgemm(_to3(a, batch), _to3(b, batch), c3, bias2, scale, transpose_a=transpose_a,
                  transpose_b=transpose_b, out_dtype=out_dtype, alpha=al, beta=be,
                  activation=activation, overwrite_c=overwrite_c)
     return out.reshape(out_shape)

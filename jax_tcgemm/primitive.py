@@ -29,7 +29,7 @@ from jax.lax import dot_general as _lax_dot_general  # as imported: safe under a
 from jax.interpreters import ad, batching, mlir
 
 from . import _ffi, epilogue, problem, sharding
-from .epilogue import activate, activate_grad
+from .epilogue import activate_grad
 from .problem import IN_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, dims, split_operands
 
 tcgemm_p = Primitive("tcgemm")
@@ -58,14 +58,6 @@ def tcgemm(a, b, c=None, bias=None, scale=None, *, transpose_a=False, transpose_
         has_bias=bias is not None, has_scale=scale is not None, aux=bool(aux), plan=plan,
         overwrite_c=bool(overwrite_c) and c is not None)
     return tuple(out) if aux else out[0]
-
-
-def _plain(params, **over):
-    """params of a plain alpha * op(a) @ op(b) (no C, bias, activation, aux), with `over`."""
-    p = dict(params, beta=0.0, activation="none", has_c=False, has_bias=False,
-             has_scale=False, aux=False, plan=None, overwrite_c=False)
-    p.update(over)
-    return p
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,10 +239,8 @@ def _jvp(primals, tangents, **params):
     if not _zero(tb):
         if t is None:
             t = tcgemm(a, ad.instantiate_zeros(tb), scale=sc, **al_kw, **lin)
-        else:  # fused: alpha * op(a) @ op(tb) + 1 * t
-            sc1 = None if scale is None else jnp.stack([scale[0], jnp.float32(1.0)])
-            t = tcgemm(a, ad.instantiate_zeros(tb), t, scale=sc1, beta=1.0,
-                       **({} if sc1 is not None else dict(alpha=params["alpha"])), **lin)
+        else:  # fused: alpha * op(a) @ op(tb) + 1 * t (sc's beta is 1 already)
+            t = tcgemm(a, ad.instantiate_zeros(tb), t, scale=sc, beta=1.0, **al_kw, **lin)
     bshape = d.shape
     extra = []
     if not _zero(tc):

@@ -48,9 +48,3 @@ def split_operands(args, has_c, has_bias, has_scale):
     bias = next(it) if has_bias else None
     scale = next(it) if has_scale else None
     return a, b, c, bias, scale
-
-
-def has_epilogue(params) -> bool:
-    """Whether params ask for more than alpha * A @ B (beta * C, bias, activation, aux)."""
-    return bool(params["has_c"] or params["has_bias"] or params["activation"] != "none"
-                or params["aux"])

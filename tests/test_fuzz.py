@@ -208,22 +208,34 @@ def _shape(r: random.Random, mode: Mode):
     return d["m"], d["n"], d["k"], ba, bb
 
 
+def combos(shuffle_seed) -> list:
+    """Every (config or None = planned, layout, dtype, out dtype), shuffled once."""
+    out = list(itertools.product([c.name for c in configs.CONFIGS] + [None], LAYOUTS,
+                                 (F16, BF16), (F16, BF16, F32)))
+    random.Random(shuffle_seed).shuffle(out)
+    return out
+
+
+def draw_split(r: random.Random, config, m: int, n: int, ba: int, bb: int, mode: Mode):
+    """A split_k for a case with a config override (30% of them), within the workspace size."""
+    split = None
+    if config is not None and r.random() < 0.3:
+        split = r.choice([2, 3, 4, 5, 8, 16, configs.MAX_SPLIT_K])
+        while split > 2 and split * max(ba, bb) * m * n > mode.out * 4:  # workspace size
+            split //= 2
+    return split
+
+
 def generate(count: int, mode: Mode, seed: int = SEED) -> list[Case]:
     """Cases 0..count-1; config x layout x dtype x out dtype cycle through every combination
     (shuffled once per seed); shapes are drawn per case from (seed, index)."""
-    combos = list(itertools.product([c.name for c in configs.CONFIGS] + [None], LAYOUTS,
-                                    (F16, BF16), (F16, BF16, F32)))
-    random.Random(seed).shuffle(combos)
+    combo = combos(seed)
     cases = []
     for i in range(count):
         r = random.Random(seed_of("fuzz-shape", seed, i))
-        config, (ta, tb), dt, od = combos[i % len(combos)]
+        config, (ta, tb), dt, od = combo[i % len(combo)]
         m, n, k, ba, bb = _shape(r, mode)
-        split = None
-        if config is not None and r.random() < 0.3:
-            split = r.choice([2, 3, 4, 5, 8, 16, configs.MAX_SPLIT_K])
-            while split > 2 and split * max(ba, bb) * m * n > mode.out * 4:  # workspace size
-                split //= 2
+        split = draw_split(r, config, m, n, ba, bb, mode)
         cases.append(Case(i, m, n, k, ba, bb, dt, od, ta, tb, config, split))
     return cases
 

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from jax_tcgemm import configs
-from jax_tcgemm.primitive import activate, activate_grad
+from jax_tcgemm.epilogue import activate, activate_grad
 from jax_tcgemm.problem import ACTIVATIONS
 
 from conftest import ACT_LIPSCHITZ, act64, act_grad64, seed_of
-from test_fuzz import (BF16, CPU_MODE, F16, F32, LAYOUTS, SEED, Case, Mode, _run_cpu,
+from test_fuzz import (BF16, CPU_MODE, F16, F32, SEED, Case, Mode, _run_cpu, combos, draw_split,
                        _run_gpu, _select, _shape, check, needs_table, operands)
 
 C_FORMS = ("full", "shared", "row", "col", "scalar")  # C (B, M, N), (1, M, N), (., M, 1), ...
@@ -64,21 +64,15 @@ def generate_epilogue(count: int, mode: Mode, seed: int = SEED) -> list[Case]:
     combination (shuffled once per seed), and the activation with them, so that each
     combination meets every activation within 5 cycles (5 x 336 cases); shapes and the rest of
     the epilogue are drawn per case."""
-    combos = list(itertools.product([c.name for c in configs.CONFIGS] + [None], LAYOUTS,
-                                    (F16, BF16), (F16, BF16, F32)))
-    random.Random(seed_of("fuzz-epi", seed)).shuffle(combos)
+    combo = combos(seed_of("fuzz-epi", seed))
     cases = []
     for i in range(count):
         r = random.Random(seed_of("fuzz-epi-shape", seed, i))
-        config, (ta, tb), dt, od = combos[i % len(combos)]
+        config, (ta, tb), dt, od = combo[i % len(combo)]
         m, n, k, ba, bb = _shape(r, mode)
-        split = None
-        if config is not None and r.random() < 0.3:
-            split = r.choice([2, 3, 4, 5, 8, 16, configs.MAX_SPLIT_K])
-            while split > 2 and split * max(ba, bb) * m * n > mode.out * 4:  # workspace size
-                split //= 2
+        split = draw_split(r, config, m, n, ba, bb, mode)
         # each combo meets every activation over five cycles of the combos
-        act = ACTIVATIONS[(i + 2 * (i // len(combos))) % len(ACTIVATIONS)]
+        act = ACTIVATIONS[(i + 2 * (i // len(combo))) % len(ACTIVATIONS)]
         epi = _epilogue(r, max(ba, bb), m, n, act)
         cases.append(Case(i, m, n, k, ba, bb, dt, od, ta, tb, config, split, **epi))
     return cases

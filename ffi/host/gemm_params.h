@@ -10,7 +10,6 @@ namespace tcgemm {
 // kernels/common/element.cuh, which maps each to its CUDA type and traits).
 enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
 using InType = DType;   // operands: kF16 or kBF16
-using OutType = DType;  // results: any
 inline constexpr int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 // Most K slices of a split-K product (grid y); the FFI rejects more.

@@ -11,8 +11,7 @@
 
 namespace tcgemm {
 
-// Compile-time facts of element type T: bytes, elements per 16-byte chunk (one cp.async, one
-// ldmatrix row), the TMA data type that moves it, and its DType.
+// Compile-time facts of element type T: bytes, the TMA data type that moves it, and its DType.
 template <typename T>
 struct ElemTraits;
 template <>
@@ -33,8 +32,6 @@ struct ElemTraits<float> {
   static constexpr DType kType = DType::kF32;
   static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 };
-template <typename T>
-inline constexpr int kChunkElems = 16 / ElemTraits<T>::kBytes;  // elements per 16-byte chunk
 
 template <typename Out>
 __device__ __forceinline__ Out convert(float x) {
