@@ -28,6 +28,7 @@ class Config:
     warps_n: int
     warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
     consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
+    pingpong: bool  # sm90: each consumer warpgroup owns whole tiles, in turn (gemm_config.inc)
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
@@ -365,3 +366,23 @@ def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: 
         if autotune.enabled():
             return autotune.plan(m, n, k, batch, dtype, layout)
     return plan(m, n, k, batch, dtype, layout, device_arch())
+
+
+def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
+                transpose_b: bool = False, arch: tuple[int, ...] | None = "device"):
+    """Config name for a grouped product (tcgemm_ragged, ffi/xla/ragged_ffi.cc), or None where
+    no grouped kernel runs (compute capability other than 9.0: the caller lowers through lax).
+    The grouped scheduler runs on the sm90 rows without a K split; the row is the one the cost
+    model picks for the dense batched product of equal groups (mode 0, rows: groups x M/G x N
+    x K; mode 1, contraction: groups x K x N over M/G)."""
+    del dtype, transpose_b  # one model for both input types and layouts (as plan())
+    if arch == "device":
+        arch = device_arch()
+    if arch is None or tuple(arch[:2]) != (9, 0):
+        return None
+    g = max(int(groups), 1)
+    per = max(1, -(-int(m) // g))
+    mm, nn, kk = (per, n, k) if mode == 0 else (k, n, per)
+    best = min((*estimate(c, 1, mm, nn, kk, g), i) for i, c in enumerate(CONFIGS)
+               if c.kind == "sm90")
+    return CONFIGS[best[-1]].name

@@ -146,6 +146,14 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // An sm90 row runs the Hopper kernel on compute capability 9.0 when TMA can address both
   // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
+  if (p.ragged.mode != RaggedMode::kNone) {
+    // Grouped products run on the Hopper kernel alone (its scheduler reads the group sizes).
+    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90 || !aligned)
+      return "ragged products need an sm90 config, compute capability 9.0 and operands whose "
+             "rows are 16-byte multiples";
+    if (p.ragged.mode == RaggedMode::kContract && (a_kmajor || b_kmajor))
+      return "a ragged contraction reads M-major A and N-major B";
+  }
   if (kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);

@@ -40,6 +40,23 @@ struct EpilogueParams {
   void* aux = nullptr;           // pre-activation output, or nullptr
 };
 
+// A grouped (ragged) product, lax.ragged_dot's forms: `groups` groups whose sizes are device
+// int32s (read by the kernel's tile scheduler: no host sync). A size below 0 counts as 0, and
+// the groups are cut where their rows run past the ragged extent (nothing outside is read or
+// written).
+//   kRows (forward, dgrad): A is M x K (all groups' rows, group g's contiguous after group
+//     g - 1's), B holds `groups` K x N matrices (batch items, stride_b apart), D is M x N; rows
+//     of group g use B[g] and the bias row g; rows past the sum of the sizes are zeros.
+//   kContract (wgrad): the contraction runs over the ragged extent: A is stored [K][M] (the
+//     rows of lhs), B [K][N], D holds `groups` M x N matrices, D[g] = op(A) op(B) over group
+//     g's k range only (zeros for an empty group).
+enum class RaggedMode : int { kNone = 0, kRows = 1, kContract = 2 };
+struct RaggedParams {
+  RaggedMode mode = RaggedMode::kNone;
+  const int32_t* sizes = nullptr;  // device [groups]
+  int groups = 0;
+};
+
 // C[z] (M x N, row-major, contiguous) = op(A[z]) · op(B[z]) for z < batch, then the epilogue
 // into D. transpose_a: A[z] is stored [K][M] (else [M][K]); transpose_b: B[z] is stored [N][K]
 // (else [K][N]). Split-K: K is cut into split_k slices of k_tiles_per_split tiles (grid y);
@@ -66,6 +83,7 @@ struct GemmParams {
   int64_t lda, ldb;            // leading dimensions (elements between rows as stored; set by
                                // the dispatcher: the contiguous extent, or that of a packed copy)
   EpilogueParams epi;
+  RaggedParams ragged;         // mode kNone: a plain (batched) product
 };
 
 struct GemmProblem {

@@ -77,6 +77,18 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 #endif
 }
 
+// fence.proxy.async.shared::cta (PTX 9.7.13.4.20, "membar/fence"): orders this thread's
+// generic-proxy writes to shared memory before later async-proxy reads of it (wgmma operands,
+// TMA stores), once a barrier has published them.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// st.shared.v4.u32 of zeros (PTX 9.7.9.10): 16 zero bytes at shared address `addr`.
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32): one
 // warpgroup synchronizes without stalling the others.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {

@@ -11,38 +11,11 @@
 
 #include "host/gemm_config.h"
 #include "host/gemm_dispatch.h"
+#include "xla/decode.h"
 #include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
 
 namespace tcgemm {
 namespace {
-
-std::string Dims(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "(";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + (d.size() == 1 ? ",)" : ")");
-}
-
-const char* DtypeName(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    default: return "an unsupported dtype";
-  }
-}
-
-ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("tcgemm: " + msg); }
-
-std::optional<DType> ToDType(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F16: return DType::kF16;
-    case ffi::DataType::BF16: return DType::kBF16;
-    case ffi::DataType::F32: return DType::kF32;
-    default: return std::nullopt;
-  }
-}
 
 // The epilogue operands (c, bias, scale: the call's arguments after a and b, those the flags
 // name, in that order) and the aux result (after d and the workspace), checked against the

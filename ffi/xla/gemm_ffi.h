@@ -8,4 +8,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmHandler);
 // Target "tcgemm_dact" (platform CUDA): the epilogue's backward pass (g = ct * act'(pre), the
 // bias gradient), one pass over the cotangent.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmDactHandler);
+// Target "tcgemm_ragged" (platform CUDA; ragged_ffi.cc): lax.ragged_dot's grouped products.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmRaggedHandler);
 }  // namespace tcgemm

@@ -63,6 +63,7 @@ NB_MODULE(_tcgemm, m) {
     nb::dict d;
     d["tcgemm"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmHandler));
     d["tcgemm_dact"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmDactHandler));
+    d["tcgemm_ragged"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmRaggedHandler));
     return d;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
   m.def("config_names", []() {
@@ -80,6 +81,7 @@ NB_MODULE(_tcgemm, m) {
       r["bm"] = c.bm; r["bn"] = c.bn; r["bk"] = c.bk; r["stages"] = c.stages;
       r["warps_m"] = c.warps_m; r["warps_n"] = c.warps_n; r["warps_k"] = c.warps_k;
       r["consumers"] = c.consumers;
+      r["pingpong"] = c.pingpong;
       r["threads"] = sm90 ? 128 * (c.consumers + 1) : 32 * c.warps_m * c.warps_n * c.warps_k;
       r["smem_bytes"] =
           SmemBytesOf(i, std::make_integer_sequence<int, tcgemm::kNumConfigs>{});

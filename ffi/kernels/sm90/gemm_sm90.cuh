@@ -16,6 +16,11 @@
 //                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
 //                  of 64 k rows, one box per 64 of M or N
 //
+// Ragged (grouped) products (p.ragged, host/gemm_params.h) walk their groups' tiles with the
+// same pipeline: a group's tiles read its B item (rows) or its k range (contraction; the k
+// rows past the group's end in its last k tile are zeroed in shared memory before the wgmma
+// read them), store only their group's rows, and the rows past the last group are zeroed.
+//
 // Split-K slices write raw float32 partials to the workspace (p.partial; the dispatcher launches
 // the reduction, which runs the epilogue), as the sm80 kernel's workspace path does; a batch item whose stride
 // is 0 reads item 0. The producer moves on to the next work item while the consumers store the
@@ -50,7 +55,9 @@ struct Sm90Traits {
   static constexpr GemmConfig c = kConfigs[CFG];
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
   static constexpr int kConsumers = c.consumers;
-  static constexpr int kMB = kBM / (64 * kConsumers);  // m64 blocks per consumer warpgroup
+  static constexpr bool kPingPong = c.pingpong;  // a consumer owns whole tiles, in turn
+  // m64 blocks per consumer warpgroup: all of the tile's (ping-pong), or its share
+  static constexpr int kMB = kPingPong ? kBM / 64 : kBM / (64 * kConsumers);
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = kBN * kBK * 2;
@@ -67,7 +74,7 @@ struct Sm90Traits {
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
   static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");
-  static_assert(kConsumers >= 1 && kBM == 64 * kConsumers * kMB && kMB >= 1,
+  static_assert(kConsumers >= 1 && kBM == 64 * (kPingPong ? 1 : kConsumers) * kMB && kMB >= 1,
                 "each consumer warpgroup owns a multiple of 64 rows");
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
   static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
@@ -119,11 +126,12 @@ __device__ __forceinline__ void put_pair(char* dst, float v0, float v1) {
 // its staging panel `epi`: the warpgroup writes the panel, then stores whole
 // rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
 // are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
-// elements). Nothing past M or N is written. `bar`: the warpgroup's named barrier.
+// elements). Nothing at or past row `row_end` or column N is written. `bar`: the warpgroup's
+// named barrier.
 template <typename Out, int BN>
 __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const float (&acc)[BN / 2],
-                                            float scale, int64_t row0, int64_t col0, int t,
-                                            char* epi, uint32_t bar) {
+                                            float scale, int64_t row0, int64_t col0,
+                                            int64_t row_end, int t, char* epi, uint32_t bar) {
   constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
   constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
   static_assert(BN % kCols == 0, "whole panels");
@@ -149,7 +157,7 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
       for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
         const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
         const int64_t gr = row0 + row, gc = pc + q * kVec;
-        if (gr >= p.m || gc >= p.n) continue;
+        if (gr >= row_end || gc >= p.n) continue;
         // gc and N are multiples of kVec (col0 of BN, N of 16 bytes): the chunk ends by N
         *reinterpret_cast<uint4*>(c + gr * p.n + gc) =
             *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
@@ -158,7 +166,7 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
       for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15
         const int row = warp * 16 + rr;
         const int64_t gr = row0 + row;
-        if (gr >= p.m) break;
+        if (gr >= row_end) break;
 #pragma unroll
         for (int u = 0; u < kCols / 32; ++u) {
           const int e = lane + 32 * u;
@@ -172,20 +180,21 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
 }
 
 // The full epilogue (kernels/common/epilogue.cuh) on a consumer warpgroup's 64 x BN
-// accumulators of batch item z: the raw float32 accumulators go through the staging panel 64
-// columns at a time, and the copy-out applies the epilogue to each 16-byte chunk (4 columns of
-// a row: coalesced C reads) on its way to D (and aux). The copy-out loop is not unrolled: the
-// epilogue's code once, and no registers held across it but the accumulators not yet staged.
+// accumulators of batch item z (D's item at element d_item; rows below row_end): the raw
+// float32 accumulators go through the staging panel 64 columns at a time, and the copy-out
+// applies the epilogue to each 16-byte chunk (4 columns of a row: coalesced C reads) on its way
+// to D (and aux). The copy-out loop is not unrolled: the epilogue's code once, and no registers
+// held across it but the accumulators not yet staged (ptxas fits the consumers in 168
+// registers at 384 threads; C loads batched over rows spilled them: benchmarks/NOTES.md v31).
 template <typename Out, int BN>
 __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc)[BN / 2],
-                                          int64_t z, int64_t row0, int64_t col0, int t,
-                                          char* epi, uint32_t bar) {
+                                          int64_t z, int64_t d_item, int64_t row0, int64_t col0,
+                                          int64_t row_end, int t, char* epi, uint32_t bar) {
   constexpr int kCols = 64;  // float32 columns per panel
   const int lane = t & 31, warp = t >> 5;
   const int r = warp * 16 + (lane >> 2);
   const EpiScale s = epi_scale(p);
   const bool vec = p.n % 4 == 0;
-  const int64_t item = z * p.m * p.n;
 #pragma unroll
   for (int panel = 0; panel < BN / kCols; ++panel) {
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
@@ -202,10 +211,10 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc
     for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
       const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
       const int64_t gr = row0 + row, gc = pc + q * 4;
-      if (gr >= p.m || gc >= p.n) continue;
+      if (gr >= row_end || gc >= p.n) continue;
       const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
       float v[4] = {x.x, x.y, x.z, x.w};
-      epi_store<Out, 4>(p, s, z, gr, gc, v, item + gr * p.n + gc,
+      epi_store<Out, 4>(p, s, z, gr, gc, v, d_item + gr * p.n + gc,
                         static_cast<int>(min(p.n - gc, int64_t(4))), vec);
     }
   }
@@ -226,29 +235,123 @@ __device__ __forceinline__ void tma_load_operand(uint32_t dst, const CUtensorMap
   }
 }
 
-// Work item w -> output tile origin, batch item, K slice (the slice outermost, then the batch
-// item, then tiles in groups of kGroupM tile rows, column-major inside a group).
+// One work item of a block: an output tile, what it reads and where it writes.
+// (32-bit fields: M, N, K and the batch are below 2^31; the consumers keep this live across
+// their main loop, beside the accumulators.)
 struct Sm90Work {
-  int64_t m0, n0, z;
-  int slice, kt0, ktiles;
+  int m0, n0;        // tile origin in D's item
+  int z;             // batch item: D's (d_item()), C's and the bias row's
+  int row_end;       // rows at or past it are not stored
+  int za, zb;        // operand items (TMA coordinate 2)
+  int slice;         // split-K slice
+  int kbase;         // first k of the item's range (TMA coordinate); k tiles from there
+  int ktiles;        // k tiles of the item (0: the tile is zeros)
+  int kvalid;        // valid k of its last tile (< kBK: the rest is another group's, zeroed)
+
+  // Element offset of D's item: the batch item's, or the group's (ragged contraction); ragged
+  // rows write the one M x N result.
+  __device__ int64_t d_item(const GemmParams& p) const {
+    return p.ragged.mode == RaggedMode::kRows ? 0 : int64_t(z) * p.m * p.n;
+  }
 };
-template <int BM, int BN>
-__device__ __forceinline__ Sm90Work decode_work(const GemmParams& p, int64_t w, int ktiles_all) {
+
+// Tile `t` of a tm x tn grid of tiles in groups of kGroupM tile rows, column-major inside a
+// group (neighbouring blocks share A rows and B columns in L2) -> (tile row, tile column).
+__device__ __forceinline__ void raster(int64_t t, int64_t tm, int64_t tn, int64_t& mt,
+                                       int64_t& nt) {
   constexpr int kGroupM = 8;
-  const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
-  const int64_t tile = w % tiles, rest = w / tiles;
-  const int group_size = kGroupM * p.tiles_n;
-  const int pid = static_cast<int>(tile);
-  const int first_m = (pid / group_size) * kGroupM;
-  const int group_m = min(p.tiles_m - first_m, kGroupM);
-  Sm90Work r;
-  r.m0 = int64_t(first_m + (pid % group_size) % group_m) * BM;
-  r.n0 = int64_t((pid % group_size) / group_m) * BN;
-  r.z = rest % p.batch;
-  r.slice = static_cast<int>(rest / p.batch);
-  r.kt0 = r.slice * p.k_tiles_per_split;
-  r.ktiles = max(0, min(ktiles_all - r.kt0, p.k_tiles_per_split));
-  return r;
+  const int64_t group_size = kGroupM * tn;
+  const int64_t first_m = (t / group_size) * kGroupM;
+  const int64_t group_m = min(tm - first_m, int64_t(kGroupM));
+  mt = first_m + (t % group_size) % group_m;
+  nt = (t % group_size) / group_m;
+}
+
+// A block's work list: items blockIdx.x, + gridDim.x, ... in ascending order (the producer and
+// every consumer walk it alike). Plain: output tile x batch item x K slice (the slice
+// outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
+// turn, the groups found by walking the device group sizes once, in step with the items.
+template <int BM, int BN, int BK>
+struct Sm90Sched {
+  int g = -1;                           // ragged: the group of the last item
+  int start = 0, size = 0;              // its first row / k, its (clamped) size
+  int w0 = 0, items = 0;                // its first item and item count (< 2^31: tiles)
+
+  __device__ void load_group(const GemmParams& p) {
+    const bool rows = p.ragged.mode == RaggedMode::kRows;
+    const int64_t extent = rows ? p.m : p.k;
+    size = static_cast<int>(max(int64_t(0), min(int64_t(__ldg(p.ragged.sizes + g)), extent - start)));
+    items = rows ? (size + BM - 1) / BM * p.tiles_n : p.tiles_m * p.tiles_n;
+  }
+
+  // Item w (>= every earlier call's) into r; false when the list has ended. (p is passed, not
+  // kept: a reference member would hold the kernel parameter's generic address.)
+  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) {
+    const int ktiles_all = static_cast<int>((p.k + BK - 1) / BK);
+    if (p.ragged.mode == RaggedMode::kNone) {
+      const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
+      if (w >= tiles * p.batch * p.split_k) return false;
+      int64_t mt, nt;
+      raster(w % tiles, p.tiles_m, p.tiles_n, mt, nt);
+      const int64_t rest = w / tiles;
+      r.m0 = static_cast<int>(mt * BM);
+      r.n0 = static_cast<int>(nt * BN);
+      r.z = static_cast<int>(rest % p.batch);
+      r.row_end = static_cast<int>(p.m);
+      r.za = p.stride_a ? static_cast<int>(r.z) : 0;
+      r.zb = p.stride_b ? static_cast<int>(r.z) : 0;
+      r.slice = static_cast<int>(rest / p.batch);
+      const int kt0 = r.slice * p.k_tiles_per_split;
+      r.kbase = kt0 * BK;
+      r.ktiles = max(0, min(ktiles_all - kt0, p.k_tiles_per_split));
+      r.kvalid = BK;  // past K, TMA reads zeros
+      return true;
+    }
+    if (g < 0) {
+      g = 0;
+      if (p.ragged.groups > 0) load_group(p);
+    }
+    while (g < p.ragged.groups && w >= w0 + items) {
+      w0 += items;
+      start += size;
+      if (++g < p.ragged.groups) load_group(p);
+    }
+    if (g >= p.ragged.groups) return false;
+    int64_t mt, nt;
+    r.slice = 0;
+    r.za = 0;
+    r.z = g;
+    if (p.ragged.mode == RaggedMode::kRows) {
+      raster(w - w0, (size + BM - 1) / BM, p.tiles_n, mt, nt);
+      r.m0 = static_cast<int>(start + mt * BM);
+      r.row_end = start + size;
+      r.zb = g;
+      r.kbase = 0;
+      r.ktiles = ktiles_all;
+      r.kvalid = BK;
+    } else {
+      raster(w - w0, p.tiles_m, p.tiles_n, mt, nt);
+      r.m0 = static_cast<int>(mt * BM);
+      r.row_end = static_cast<int>(p.m);
+      r.zb = 0;
+      r.kbase = start;
+      r.ktiles = (size + BK - 1) / BK;
+      r.kvalid = size - (r.ktiles - 1) * BK;
+    }
+    r.n0 = static_cast<int>(nt * BN);
+    return true;
+  }
+};
+
+// Zeros bytes [from, to) of `base`, spread over `count` threads of which this is `id`
+// (16-byte stores where aligned).
+__device__ __forceinline__ void zero_bytes(char* base, int64_t from, int64_t to, int64_t id,
+                                           int64_t count) {
+  const int64_t head = min(to, (from + 15) / 16 * 16), body_end = max(head, to / 16 * 16);
+  for (int64_t i = from + id; i < head; i += count) base[i] = 0;
+  for (int64_t i = head + 16 * id; i < body_end; i += 16 * count)
+    *reinterpret_cast<uint4*>(base + i) = make_uint4(0, 0, 0, 0);
+  for (int64_t i = body_end + id; i < to; i += count) base[i] = 0;
 }
 
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
@@ -269,14 +372,12 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      ptx::mbarrier_init(empty_bar(s), Tr::kConsumers);  // one arrival per consumer warpgroup
+      // one arrival per consumer warpgroup that reads the stage
+      ptx::mbarrier_init(empty_bar(s), Tr::kPingPong ? 1 : Tr::kConsumers);
     }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-
-  const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
-  const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -285,17 +386,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::prefetch_tensormap(&map_b);
     int s = 0;
     uint32_t phase = 0;
-    for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
-      const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
-      const int za = p.stride_a ? static_cast<int>(wk.z) : 0;
-      const int zb = p.stride_b ? static_cast<int>(wk.z) : 0;
+    Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+    Sm90Work wk;
+    for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
-      for (int kt = wk.kt0; kt < wk.kt0 + wk.ktiles; ++kt) {
+      for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
-        const int k0 = kt * Tr::kBK;
-        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, za);
-        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, zb);
+        const int k0 = wk.kbase + kt * Tr::kBK;
+        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
+        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
@@ -304,7 +404,17 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int cw = wg - 1;  // m64 blocks [cw * kMB, cw * kMB + kMB) of the tile
+  const int cw = wg - 1;
+  // Cooperative: every item, m64 blocks [mb0, mb0 + kMB) of its tile. Ping-pong: items cw,
+  // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
+  // (the other warpgroups') are skipped.
+  const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
+  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
+  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
+  // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
+  constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
+  const int zero_id = Tr::kPingPong ? t : threadIdx.x - 128;
+  const uint32_t zero_bar = Tr::kPingPong ? 1 + cw : 1 + Tr::kConsumers;
   char* const epi = smem_raw + (smem - ptx::cvta_to_shared(smem_raw)) + Tr::kEpiOffset +
                     cw * kEpiBytes;  // this warpgroup's staging panel
   // M/N-major tiles: 64-element boxes kBox bytes apart (leading), 8-k-row groups 1 KB apart
@@ -317,8 +427,21 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.scale &&
                       p.epi.act == Activation::kNone;
   const float alpha = p.epi.alpha;
-  for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
-    const Sm90Work wk = decode_work<Tr::kBM, Tr::kBN>(p, w, ktiles_all);
+  Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+  Sm90Work wk;
+  int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
+  for (int64_t w = w_first;; w += w_step) {
+    if constexpr (Tr::kPingPong) {
+      for (; w_seen < w; w_seen += gridDim.x) {  // another warpgroup's item: skip its stages
+        Sm90Work other;
+        if (!sched.next(p, w_seen, other)) break;
+        s += other.ktiles;
+        phase ^= (s / Tr::kStages) & 1;
+        s %= Tr::kStages;
+      }
+      w_seen = w + gridDim.x;
+    }
+    if (!sched.next(p, w, wk)) break;
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
@@ -326,6 +449,25 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     int prev = -1;
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
+      if constexpr (!A_KMAJOR && !B_KMAJOR) {
+        // Ragged contraction: the last k tile of a group ends inside the stage; its other k
+        // rows (another group's) are zeroed in both operands, by the warpgroups that read the
+        // stage, before any wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
+        // permutes within lines).
+        if (kt == wk.ktiles - 1 && wk.kvalid < Tr::kBK) {
+          constexpr int kBoxes = (Tr::kBM + Tr::kBN) / 64, kLines = Tr::kBK;
+          const int lines = kLines - wk.kvalid;
+          for (int i = zero_id; i < kBoxes * lines * 8; i += kZeroThreads) {
+            const int box = i / (lines * 8), line = wk.kvalid + (i / 8) % lines, q = i % 8;
+            const uint32_t at = (box < Tr::kBM / 64 ? a_stage(s) + box * Tr::kBox
+                                                    : b_stage(s) + (box - Tr::kBM / 64) * Tr::kBox) +
+                                line * 128 + q * 16;
+            ptx::st_shared_zero16(at);
+          }
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_sync(zero_bar, kZeroThreads);
+        }
+      }
       ptx::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < Tr::kBK / 16; ++j) {
@@ -335,7 +477,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
                                      : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
-          const uint32_t a = a_stage(s) + (cw * Tr::kMB + mb) * Tr::kBox;
+          const uint32_t a = a_stage(s) + (mb0 + mb) * Tr::kBox;
           const uint64_t da = A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
                                        : smem_desc(a + 2048 * j, kMnLead, kMnStride);
           wgmma_tile<T, Tr::kBN, A_KMAJOR, B_KMAJOR>(acc[mb], da, db);
@@ -352,23 +494,32 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
-      const int64_t row0 = wk.m0 + 64 * (cw * Tr::kMB + mb);
+      const int64_t row0 = wk.m0 + 64 * (mb0 + mb);
       if (p.partial) {  // split-K through the workspace: raw float32, the reduction finishes
         store_block<float, Tr::kBN>(
             p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], 1.0f,
-            row0, wk.n0, t, epi, 1 + cw);
+            row0, wk.n0, wk.row_end, t, epi, 1 + cw);
       } else if (simple) {  // no more than alpha: convert before staging (half the panels)
         with_dtype(p.d_type, [&](auto out) {
           using Out = decltype(out);
-          store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.z * p.m * p.n, acc[mb],
-                                    alpha, row0, wk.n0, t, epi, 1 + cw);
+          store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.d_item(p), acc[mb], alpha, row0,
+                                    wk.n0, wk.row_end, t, epi, 1 + cw);
         });
       } else {
         with_dtype(p.d_type, [&](auto out) {
-          epi_block<decltype(out), Tr::kBN>(p, acc[mb], wk.z, row0, wk.n0, t, epi, 1 + cw);
+          epi_block<decltype(out), Tr::kBN>(p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0,
+                                            wk.row_end, t, epi, 1 + cw);
         });
       }
     }
+  }
+  if (p.ragged.mode == RaggedMode::kRows) {
+    // Rows past the last group (sched.start: the sum of the sizes) are zeros, written by all
+    // blocks' consumers.
+    const int64_t bytes = DTypeBytes(p.d_type);
+    zero_bytes(static_cast<char*>(p.d), int64_t(sched.start) * p.n * bytes, p.m * p.n * bytes,
+               int64_t(blockIdx.x) * 128 * Tr::kConsumers + threadIdx.x - 128,
+               int64_t(gridDim.x) * 128 * Tr::kConsumers);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for a target without wgmma (not sm_90a): never launched; fail loudly if so

@@ -95,7 +95,11 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
                        bool b_kmajor, int device, int sms, cudaStream_t stream) {
   const int layout = int(a_kmajor) * 2 + int(b_kmajor);
   if (in_type != DType::kF16 && in_type != DType::kBF16) return "sm90 operands are 16-bit";
-  const int64_t work = int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
+  const bool ragged = p.ragged.mode != RaggedMode::kNone;
+  const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
+  // B's items: the groups' matrices (ragged rows), the batch, or one shared matrix.
+  const int64_t b_items = p.ragged.mode == RaggedMode::kRows ? std::max(p.ragged.groups, 1)
+                                                            : (p.stride_b ? p.batch : 1);
   Sm90Entry k{};
   CUtensorMap map_a, map_b;
   std::string err;
@@ -109,8 +113,8 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_k
       err = EncodeOperand<T>(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
                              p.stride_a, a_kmajor ? k.bm : 64);
       if (err.empty())
-        err = EncodeOperand<T>(&map_b, p.b, b_cols, b_rows, p.stride_b ? p.batch : 1, p.ldb,
-                               p.stride_b, b_kmajor ? k.bn : 64);
+        err = EncodeOperand<T>(&map_b, p.b, b_cols, b_rows, b_items, p.ldb, p.stride_b,
+                               b_kmajor ? k.bn : 64);
     }
   });
   if (!k.fn) return "config is not an sm90 row";
