@@ -9,8 +9,15 @@ Public API::
     tg.gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None,
             transpose_a=False, transpose_b=False, out_dtype=None)
                                               # activation(alpha * a @ b + beta * c + bias)
+    tg.ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+                  group_offset=None, out_sharding=None)        # lax.ragged_dot semantics
+    tg.ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, ...)
+    tg.ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_b=False,
+                   out_dtype=None)            # activation(lhs[rows of g] @ rhs[g] + bias[g])
 """
 from .ops import dot_general, gemm, matmul
+from .ragged import ragged_dot, ragged_dot_general, ragged_gemm
 
 __version__ = "0.1.0"
-__all__ = ["matmul", "dot_general", "gemm", "__version__"]
+__all__ = ["matmul", "dot_general", "gemm", "ragged_dot", "ragged_dot_general", "ragged_gemm",
+           "__version__"]

@@ -11,6 +11,7 @@ import jax
 
 TARGET = "tcgemm"  # FFI target names (C++: TcgemmHandler, TcgemmDactHandler in ffi/xla/gemm_ffi.cc)
 DACT_TARGET = "tcgemm_dact"
+RAGGED_TARGET = "tcgemm_ragged"
 
 _HERE = pathlib.Path(__file__).resolve().parent
 try:

@@ -406,7 +406,7 @@ def cpu_demo() -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_tcgemm.bench",
                                 description="Time jax_tcgemm (tcgemm) against jnp on the GPU.")
-    p.add_argument("--suite", choices=SUITES + ("all",), default="all")
+    p.add_argument("--suite", choices=SUITES + ("ragged", "all"), default="all")
     p.add_argument("--dtype", choices=tuple(DTYPE_CHOICES), default="both")
     p.add_argument("--json", metavar="PATH", help="default on GPU: benchmarks/results/<gpu>.json")
     p.add_argument("--plot", metavar="PATH", help="PNG bar chart of TFLOP/s per case")
@@ -443,6 +443,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.reps < 7:
         parser.error(f"--reps must be >= 7 (the median of at least 7 calls), got {args.reps}")
+    if args.suite == "ragged":  # its own rows, sides and record: bench_ragged.py
+        from . import bench_ragged
+        return bench_ragged.run(args, argv)
     try:
         cs = select_cases(args)
     except ValueError as e:

@@ -35,6 +35,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -244,6 +245,8 @@ def _dact_local(prim, params, axes):
 
 
 def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
+    if prim.name == "tcgemm_ragged":
+        return ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes)
     params = dict(static)
     shardings = [s.sharding for s in (*arg_shapes, *result_shapes)]
     if not all(isinstance(s, NamedSharding) for s in shardings):
@@ -265,3 +268,78 @@ def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
 
 
 _partitioned.def_partition(partition, sharding_rule=sharding_rule)
+
+
+# ---------------------------------------------------------------------------------------------
+# tcgemm_ragged_p (ragged.py): mode 0  a (m k), b (g k n) or (g n k), sizes (gs), [bias (g n)]
+# -> d (m n), g a reduction factor; mode 1  a (m k), b (m n), sizes (gs) -> d (g k n), m a
+# reduction factor. k of mode 0 and the sizes stay whole (every device needs the sizes of the
+# groups before its own). On the local shards:
+#
+# * m sharded (data parallel): each device multiplies its rows; its group sizes are the
+#   global groups cut to its window of rows (ragged.local_sizes). Mode 1 sums the float32
+#   per-device weight gradients (psum over the m axes), rounded once after.
+# * g sharded (expert parallel): each device computes its groups' rows only; those start at a
+#   row that is device data, so the rows are rotated to the front (jnp.roll, one copy) and d's
+#   rotated back. Mode 0 then sums over the g axes: every row has one owner, the other devices'
+#   rows are exact zeros.
+# * n (and in mode 1 k) sharded: each device its columns, no communication.
+
+def ragged_rule(shapes, params):
+    """tcgemm_ragged_p's factors (see above)."""
+    if params["mode"] == 1:
+        return Rule((("m", "k"), ("m", "n"), ("gs",)), (("g", "k", "n"),), ("m",), ("gs",))
+    ops = [("m", "k"), ("g", "n", "k") if params["transpose_b"] else ("g", "k", "n"), ("gs",)]
+    if params["has_bias"]:
+        ops.append(("g", "n"))
+    return Rule(tuple(ops), (("m", "n"),), ("g",), ("k", "gs"))
+
+
+def _ragged_local(prim, params, axes, mesh, m, groups):
+    """tcgemm_ragged_p on the local shards (the rows of a shard: its m window; its groups: its
+    g block, padded ones empty)."""
+    from . import ragged  # the clamping rule (ragged.py imports this module)
+    g_axes, m_axes = axes["g"], axes["m"]
+    local_groups = -(-groups // math.prod(mesh.shape[ax] for ax in g_axes))
+    mode = params["mode"]
+
+    def lower_fn(a, b, gs, *bias):
+        rows = a.shape[0]
+        row0 = lax.axis_index(m_axes) * rows if m_axes else 0
+        group0 = lax.axis_index(g_axes) * local_groups if g_axes else 0
+        sizes, first = ragged.local_sizes(gs, m, row0, rows, group0, local_groups)
+        if g_axes:
+            a = jnp.roll(a, -first, axis=0)
+            b = jnp.roll(b, -first, axis=0) if mode == 1 else b
+        sum_m = mode == 1 and m_axes
+        out = prim.bind(a, b, sizes, *bias, **dict(
+            params, out_dtype=np.dtype(np.float32) if sum_m else params["out_dtype"]))[0]
+        if mode == 1:
+            return [lax.psum(out, m_axes).astype(params["out_dtype"]) if sum_m else out]
+        if g_axes:
+            out = lax.psum(jnp.roll(out, first, axis=0), g_axes)
+        return [out]
+    return lower_fn
+
+
+def ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
+    params = dict(static)
+    shardings = [s.sharding for s in (*arg_shapes, *result_shapes)]
+    if not all(isinstance(s, NamedSharding) for s in shardings):
+        raise NotImplementedError(
+            f"jax_tcgemm: sharded {prim} needs NamedShardings over a mesh; got {shardings}")
+    arrays = factors.operands + factors.results
+    used, axes = set(), {}
+    for factor in ("g", "m", "n", "k"):  # experts first: gathering rows is cheaper than weights
+        if factor in factors.replicated:
+            axes[factor] = ()
+            continue
+        proposal = next((ax for fs, sh in zip(arrays, shardings) if factor in fs
+                         for ax in [_axes(sh, fs.index(factor))] if ax), ())
+        axes[factor] = tuple(ax for ax in proposal if ax not in used)
+        used.update(axes[factor])
+    lower_fn = _ragged_local(prim, params, axes, mesh, arg_shapes[0].shape[0],
+                             arg_shapes[2].shape[0])
+    arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
+    out_shardings = [NamedSharding(mesh, _spec(f, axes)) for f in factors.results]
+    return mesh, lower_fn, out_shardings, arg_shardings
