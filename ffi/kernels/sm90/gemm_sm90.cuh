@@ -411,6 +411,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
   const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
   const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
+  // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
+  // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
+  // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
+  // wait on a stage two fills ahead (it would take the other's tile for its own).
+  const uint32_t my_turn = 3 + cw, their_turn = 3 + (1 - cw);
   // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
   constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
   const int zero_id = Tr::kPingPong ? t : threadIdx.x - 128;
@@ -442,6 +447,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       w_seen = w + gridDim.x;
     }
     if (!sched.next(p, w, wk)) break;
+    if constexpr (Tr::kPingPong) {
+      if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
+    }
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
@@ -488,6 +496,10 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
       prev = s;
       if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+    }
+    if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
+      Sm90Work other;
+      if (sched.next(p, w + gridDim.x, other)) ptx::named_barrier_arrive(their_turn, 256);
     }
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
