@@ -306,6 +306,33 @@ def git_info() -> tuple[str, bool | None]:
     return os.environ.get("JAX_TCGEMM_COMMIT", "unknown"), None
 
 
+def run_setup(args, backend: str, suffix: str = ""):
+    """(device, its memory limit in bytes or None, the record's path) of a timed run, with the
+    autotuner switched on when asked: the record defaults on GPU to
+    benchmarks/results/<gpu><suffix>.json (None elsewhere, unless --json)."""
+    import jax
+    if args.autotune:
+        from jax_tcgemm import autotune
+        autotune.enable()
+    dev = jax.devices()[0]
+    mem_limit = (getattr(dev, "memory_stats", lambda: None)() or {}).get("bytes_limit")
+    json_path = args.json or (os.path.join("benchmarks", "results",
+                                           slug(dev.device_kind) + suffix + ".json")
+                              if backend == "gpu" else None)
+    return dev, mem_limit, json_path
+
+
+def run_meta(dev, backend: str, argv, **fields) -> dict:
+    """The record's header: commit, device, versions, date, argv, and `fields` (harness, ...)."""
+    import jax
+    import jaxlib
+    commit, dirty = git_info()
+    return {"commit": commit, "dirty": dirty, "device": dev.device_kind, "backend": backend,
+            "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": list(sys.argv[1:] if argv is None else argv), **fields}
+
+
 def write_json(path: str, rows: list, meta: dict) -> None:
     """Write {**meta, 'rows': rows} to path atomically, creating parent directories."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -462,29 +489,17 @@ def main(argv=None) -> int:
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
-    if args.autotune:
-        from jax_tcgemm import autotune
-        autotune.enable()
-    dev = jax.devices()[0]
-    mem_limit = (getattr(dev, "memory_stats", lambda: None)() or {}).get("bytes_limit")
-    json_path = args.json or (os.path.join("benchmarks", "results", slug(dev.device_kind) + ".json")
-                              if backend == "gpu" else None)
-    import jaxlib
-    commit, dirty = git_info()
-    meta = {"commit": commit, "dirty": dirty, "device": dev.device_kind, "backend": backend,
-            "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "harness": (f"per side one jit of R independent products (R distinct A, shared B; "
+    dev, mem_limit, json_path = run_setup(args, backend)
+    meta = run_meta(dev, backend, argv, autotune=args.autotune, harness=(f"per side one jit of R independent products (R distinct A, shared B; "
                         "epilogue rows: shared W and C or bias, sides tcgemm, jnp composite and "
                         "jnp.dot alone; "
                         f"R*FLOP ~ {TARGET_FLOP / 1e12:g} TFLOP, 1<=R<={MAX_R}, R*(A+C) "
                         f"<= {MEM_FRAC_R:.0%} device memory), outputs returned as a tuple"
                         f"{'' if args.no_barrier else ', optimization_barrier per product'}; "
                         f"2 warm-up calls, {args.reps} timed calls per side interleaved, "
-                        "perf_counter around call+block_until_ready, median"),
-            "argv": list(sys.argv[1:] if argv is None else argv), "autotune": args.autotune}
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {commit[:12]}"
-          f"{' (dirty)' if dirty else ''}  memory limit "
+                        "perf_counter around call+block_until_ready, median"))
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
+          f"{' (dirty)' if meta['dirty'] else ''}  memory limit "
           f"{'unknown' if not mem_limit else f'{mem_limit / 2**30:.1f} GiB'}  reps {args.reps}")
     print(HEADER, flush=True)
     rows, prog = [], _Progress(len(cs))
@@ -503,7 +518,8 @@ def main(argv=None) -> int:
         print(f"geomean ratio tcgemm/jnp  {suite:<8} {geomean(ratios):6.3f}  ({len(ratios)} rows)")
     if json_path:
         print(f"wrote {json_path}")
-    if args.plot and plot(rows, args.plot, f"{dev.device_kind}: tcgemm vs jnp.dot (commit {commit[:12]})"):
+    if args.plot and plot(rows, args.plot,
+                          f"{dev.device_kind}: tcgemm vs jnp.dot (commit {meta['commit'][:12]})"):
         print(f"wrote {args.plot}")
     failed = [f"{r['name']} {r['dtype']}" for r in rows if r.get("err_ok") is False or (
         "error" in r and not r["error"].startswith("skipped"))]

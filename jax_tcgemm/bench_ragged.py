@@ -19,11 +19,9 @@ GEMM record, which a ragged-only run would overwrite).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import fnmatch
 import gc
 import math
-import os
 import sys
 
 import numpy as np
@@ -262,27 +260,15 @@ def run(args, argv=None) -> int:
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
-    if args.autotune:
-        from jax_tcgemm import autotune
-        autotune.enable()
-    dev = jax.devices()[0]
-    mem_limit = (getattr(dev, "memory_stats", lambda: None)() or {}).get("bytes_limit")
-    json_path = args.json or (os.path.join("benchmarks", "results", bench.slug(
-        dev.device_kind) + "-ragged.json") if backend == "gpu" else None)
-    import jaxlib
-    commit, dirty = bench.git_info()
-    meta = {"commit": commit, "dirty": dirty, "device": dev.device_kind, "backend": backend,
-            "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "harness": ("per side one jit of R independent products (R distinct lhs, shared "
+    dev, mem_limit, json_path = bench.run_setup(args, backend, "-ragged")
+    meta = bench.run_meta(dev, backend, argv, harness=("per side one jit of R independent products (R distinct lhs, shared "
                         "weights and group sizes"
                         f"{'' if args.no_barrier else ', optimization_barrier per product'}), "
                         "sides tcgemm (tg.ragged_dot / ragged_gemm), jnp (lax.ragged_dot) and "
                         "dense (batched (G, M/G, K) x (G, K, N), equal FLOPs); "
-                        f"2 warm-up calls, {args.reps} timed calls per side interleaved, median"),
-            "argv": list(sys.argv[1:] if argv is None else argv)}
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {commit[:12]}"
-          f"{' (dirty)' if dirty else ''}  reps {args.reps}")
+                        f"2 warm-up calls, {args.reps} timed calls per side interleaved, median"))
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
+          f"{' (dirty)' if meta['dirty'] else ''}  reps {args.reps}")
     print(HEADER, flush=True)
     rows, prog = [], bench._Progress(len(cs))
     for case in cs:
