@@ -3,11 +3,11 @@ capability 9.0) as a JAX primitive.
 
 Public API::
 
-    tg.matmul(a, b, *, out_dtype=None)        # jnp.matmul semantics
+    tg.matmul(a, b, *, out_dtype=None, precision=None)    # jnp.matmul semantics
     tg.dot_general(lhs, rhs, dimension_numbers, precision=None,
                    preferred_element_type=None, *, out_sharding=None)
     tg.gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None,
-            transpose_a=False, transpose_b=False, out_dtype=None)
+            transpose_a=False, transpose_b=False, out_dtype=None, precision=None)
                                               # activation(alpha * a @ b + beta * c + bias)
     tg.ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
                   group_offset=None, out_sharding=None)        # lax.ragged_dot semantics

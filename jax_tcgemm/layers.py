@@ -68,7 +68,7 @@ def _apply(inputs, kernel, bias, activation, dot_general, precision, **dot_kw):
         return ACTIVATION_FNS[activation](y)
     lead, k = inputs.shape[:-1], inputs.shape[-1]
     y = gemm(inputs.reshape(-1, k), kernel, bias=bias, activation=activation,
-             out_dtype=out_dtype)  # leading dims folded into M: one 2-D product
+             out_dtype=out_dtype, precision=precision)  # leading dims folded into M
     y = y.reshape(lead + (kernel.shape[-1],))
     if dot_kw.get("out_sharding") is not None:
         y = jax.sharding.reshard(y, dot_kw["out_sharding"])

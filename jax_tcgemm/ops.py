@@ -7,6 +7,7 @@ documented in the README; supported dtypes never fall back.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -19,7 +20,7 @@ from jax.lax import dot_general as _lax_dot_general
 from jax.numpy import matmul as _jnp_matmul
 
 from .primitive import tcgemm
-from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES
+from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES, canonical_precision
 
 
 def _as_array(x, name):
@@ -53,17 +54,49 @@ def _check_out_dtype(out_dtype, what):
     return dt
 
 
-def matmul(a, b, *, out_dtype=None):
+_S1 = jax.ShapeDtypeStruct((1, 1), np.float32)
+_DN1 = (((1,), (0,)), ((), ()))
+
+
+def _check_precision(precision, like_matmul):
+    """Raises what lax.dot_general (like_matmul: jnp.matmul) raises for this precision."""
+    if like_matmul:
+        jax.eval_shape(lambda x, y: _jnp_matmul(x, y, precision=precision), _S1, _S1)
+    else:
+        jax.eval_shape(lambda x, y: _lax_dot_general(x, y, _DN1, precision=precision), _S1, _S1)
+
+
+_check_precision_cached = functools.lru_cache(maxsize=64)(_check_precision)
+
+
+def _precision(precision, like_matmul=False):
+    """precision checked by lax (lax.dot_general's exception, like_matmul: jnp.matmul's, for
+    anything it rejects), in the canonical form lax keeps in its params
+    (primitive.canonical_precision)."""
+    if precision is not None:
+        try:
+            hash(precision)
+        except TypeError:  # unhashable (a list): lax decides, uncached
+            _check_precision(precision, like_matmul)
+        else:
+            _check_precision_cached(precision, like_matmul)
+    return canonical_precision(precision)
+
+
+def matmul(a, b, *, out_dtype=None, precision=None):
     """`jnp.matmul(a, b)` on the tensor cores: (..., M, K) @ (..., K, N), batch dims broadcast.
 
-    out_dtype: float16, bfloat16 or float32 (default: the operands' dtype).
+    out_dtype: float16, bfloat16 or float32 (default: the operands' dtype). precision: as in
+    jnp.matmul (validated by lax and kept in the primitive's params; float16/bfloat16 products
+    are exact in the float32 accumulator at any precision).
     """
     a, b = _as_array(a, "a"), _as_array(b, "b")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"jax_tcgemm.matmul: operands must have rank >= 1; got shapes "
                          f"{a.shape} and {b.shape}")
     if not _kernel_dtype(a, b):  # accumulate in out_dtype, as lax (never cast after the fact)
-        return _jnp_matmul(a, b, preferred_element_type=out_dtype)
+        return _jnp_matmul(a, b, precision=precision, preferred_element_type=out_dtype)
+    precision = _precision(precision, like_matmul=True)
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
@@ -76,7 +109,7 @@ def matmul(a, b, *, out_dtype=None):
     except ValueError:
         raise ValueError(f"jax_tcgemm.matmul: batch dimensions do not broadcast: a{a.shape} @ "
                          f"b{b.shape}") from None
-    out = gemm(a2, b2, out_dtype=out_dtype)  # (batch folding into M for a shared b: there)
+    out = gemm(a2, b2, out_dtype=out_dtype, precision=precision)  # (batch folding: there)
     if a.ndim == 1:
         out = out[..., 0, :]
     if b.ndim == 1:
@@ -132,9 +165,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Any dimension numbers map onto one batched GEMM: free and contracting dims are collapsed by
     reshapes, and operands whose dims are already ordered (batch, free, contracting) or (batch,
     contracting, free) need no copy (layout flags); other orders cost one transpose of that
-    operand. `precision` is validated as lax does and has no effect: float16/bfloat16 products
-    are exact in the float32 accumulator. `preferred_element_type` is normalised as lax does it;
-    a result type the kernels do not write (float64, integers) is computed by lax.
+    operand. `precision` is validated by lax and kept, in lax's canonical form, in the
+    primitive's params (and those of its gradient's products); float16/bfloat16 products are
+    exact in the float32 accumulator at any precision. `preferred_element_type` is normalised
+    as lax does it; a result type the kernels do not write (float64, integers) is computed by
+    lax.
     """
     lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
     try:
@@ -174,6 +209,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                                 out_sharding=out_sharding)
     preferred_element_type = want.dtype
     out_dtype = _check_out_dtype(preferred_element_type, "preferred_element_type")
+    precision = canonical_precision(precision)  # valid: lax took it above
 
     (lperm, ta, rperm, tb), lf, rf = _plan(lhs.shape, rhs.shape, lc, rc, lb, rb)
     k = math.prod(lhs.shape[i] for i in lc)
@@ -189,7 +225,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     bsz, m, n = math.prod(batch), math.prod(l_free), math.prod(r_free)
     a3 = lhs.reshape((bsz, k, m) if ta else (bsz, m, k))
     b3 = rhs.reshape((bsz, n, k) if tb else (bsz, k, n))
-    out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype)
+    out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
+                 precision=precision)
     out_shape = batch + l_free + r_free
     out = out.reshape(out_shape)
     if out_sharding is not None:
@@ -217,12 +254,13 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     per-column (N,), with or without batch dims. bias: (N,), added in float32. activation:
     None, "relu", "gelu" (erf), "gelu_tanh" or "silu". alpha, beta: Python numbers or float32
     scalars (traced values allowed). Everything is computed in float32 from the accumulator
-    and rounded once to out_dtype (default: the operands' dtype). `precision` is accepted as
-    in lax (float16/bfloat16 products are exact in the float32 accumulator). overwrite_c: the
-    result may take c's buffer when c has its shape and dtype, so that a c donated to the
-    enclosing jit is updated in place (no second M x N buffer); without donation XLA copies c.
+    and rounded once to out_dtype (default: the operands' dtype). `precision`: anything
+    lax.dot_general takes (validated by lax), kept in lax's canonical form in the primitive's
+    params and its gradient's products (float16/bfloat16 products are exact in the float32
+    accumulator at any precision). overwrite_c: the result may take c's buffer when c has its
+    shape and dtype, so that a c donated to the enclosing jit is updated in place (no second
+    M x N buffer); without donation XLA copies c.
     """
-    del precision
     a, b = _as_array(a, "a"), _as_array(b, "b")
     desc = f"a{a.shape} {a.dtype}, b{b.shape} {b.dtype}"
     if a.ndim < 2 or b.ndim < 2:
@@ -234,6 +272,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
         raise ValueError(f"jax_tcgemm.gemm: unknown activation {activation!r}; use None or one "
                          f"of {ACTIVATIONS[1:]}")
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
+    precision = _precision(precision)
     m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
     kb, n = (b.shape[-1], b.shape[-2]) if transpose_b else (b.shape[-2], b.shape[-1])
     if k != kb:
@@ -289,9 +328,9 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
             c3 = c3.reshape(1, bsz * m, c3.shape[2])
         out = tcgemm(a2, _to3(b, batch), c3, bias2, scale, transpose_b=transpose_b,
                      out_dtype=out_dtype, alpha=al, beta=be, activation=activation,
-                     overwrite_c=overwrite_c)
+                     overwrite_c=overwrite_c, precision=precision)
         return out.reshape(out_shape)
     out = tcgemm(_to3(a, batch), _to3(b, batch), c3, bias2, scale, transpose_a=transpose_a,
                  transpose_b=transpose_b, out_dtype=out_dtype, alpha=al, beta=be,
-                 activation=activation, overwrite_c=overwrite_c)
+                 activation=activation, overwrite_c=overwrite_c, precision=precision)
     return out.reshape(out_shape)

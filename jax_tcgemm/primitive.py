@@ -9,8 +9,12 @@ describe the math: transpose_a, transpose_b, out_dtype, alpha, beta (floats; ign
 traced scale operand), activation (a name of problem.ACTIVATIONS), has_c, has_bias,
 has_scale, aux (also return pre, what the backward pass of the activation reads), and `plan`:
 None (the CUDA lowering plans for the device: configs.py), or a (config name, split_k)
-override; and overwrite_c, a memory hint: d may reuse c's buffer (input_output_aliases) where
-c has d's shape and dtype, so that a donated c is updated in place.
+override; overwrite_c, a memory hint: d may reuse c's buffer (input_output_aliases) where
+c has d's shape and dtype, so that a donated c is updated in place; and `precision`, in the
+canonical form lax.dot_general keeps in its own params (problem.canonical_precision): it
+changes float32 math only (float16/bfloat16 products are exact in the float32 accumulator at
+any precision), so the kernels of today ignore it; it is kept, through every transformation,
+for the float32 kernels that will honour it.
 
 tcgemm_dact_p(ct, pre) -> [g], [dbias]: the backward pass of the epilogue in one pass over the
 cotangent: g = ct * act'(pre) and the bias gradient (float32 column sums of g); the
@@ -31,6 +35,7 @@ from jax.interpreters import ad, batching, mlir
 from . import _ffi, epilogue, problem, sharding
 from .epilogue import activate_grad
 from .problem import IN_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, dims, split_operands
+from .problem import canonical_precision, is_canonical_precision, swap_precision
 
 tcgemm_p = Primitive("tcgemm")
 tcgemm_p.multiple_results = True
@@ -41,11 +46,12 @@ tcgemm_dbcast_p = Primitive("tcgemm_dbcast")
 
 def tcgemm(a, b, c=None, bias=None, scale=None, *, transpose_a=False, transpose_b=False,
            out_dtype=None, alpha=1.0, beta=0.0, activation=None, aux=False, config=None,
-           split_k=None, overwrite_c=False):
+           split_k=None, overwrite_c=False, precision=None):
     """Binds tcgemm_p; returns d, or (d, pre) with aux. out_dtype defaults to a's dtype.
     config (and split_k, default 1 with a config) override the plan the CUDA lowering makes;
     an sm90 config runs on any GPU (elsewhere, or on operands TMA cannot address, as its sm80
-    fallback)."""
+    fallback). precision: anything lax.dot_general takes, kept in canonical form
+    (canonical_precision; None: the jax_default_matmul_precision in effect, as in lax)."""
     out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
     plan = None if config is None else (str(config), 1 if split_k is None else int(split_k))
     if config is None and split_k is not None:
@@ -56,7 +62,8 @@ def tcgemm(a, b, c=None, bias=None, scale=None, *, transpose_a=False, transpose_
         out_dtype=out_dtype, alpha=float(alpha), beta=float(beta),
         activation="none" if activation is None else str(activation), has_c=c is not None,
         has_bias=bias is not None, has_scale=scale is not None, aux=bool(aux), plan=plan,
-        overwrite_c=bool(overwrite_c) and c is not None)
+        overwrite_c=bool(overwrite_c) and c is not None,
+        precision=canonical_precision(precision))
     return tuple(out) if aux else out[0]
 
 
@@ -64,7 +71,7 @@ def tcgemm(a, b, c=None, bias=None, scale=None, *, transpose_a=False, transpose_
 # Abstract evaluation: the one place that validates.
 
 def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, activation, has_c,
-                   has_bias, has_scale, aux, plan, overwrite_c):
+                   has_bias, has_scale, aux, plan, overwrite_c, precision):
     a, b, c, bias, scale = split_operands(args, has_c, has_bias, has_scale)
     desc = (f"a{tuple(a.shape)} {a.dtype} transpose_a={transpose_a}, "
             f"b{tuple(b.shape)} {b.dtype} transpose_b={transpose_b}")
@@ -83,6 +90,10 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
         raise ValueError(f"tcgemm: batch sizes must be equal or 1: {desc}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"tcgemm: unknown activation {activation!r}; known: {ACTIVATIONS}")
+    if not is_canonical_precision(precision):
+        raise ValueError(f"tcgemm: precision must be in lax's canonical form (None, a pair of "
+                         f"lax.Precision, a lax.DotAlgorithmPreset or a lax.DotAlgorithm: "
+                         f"canonical_precision); got {precision!r}")
     if c is not None:
         if c.ndim != 3 or any(x not in (1, y) for x, y in zip(c.shape, (bt, m, n))):
             raise ValueError(f"tcgemm: c{tuple(c.shape)} does not broadcast to the result "
@@ -112,7 +123,7 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
 
 def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
               activation="none", has_c=False, has_bias=False, has_scale=False, aux=False,
-              plan=None, overwrite_c=False):
+              plan=None, overwrite_c=False, precision=None):
     """tcgemm_p's semantics in lax: float32 accumulation and epilogue, rounded once."""
     del plan, overwrite_c
     a, b, c, bias, scale = split_operands(args, has_c, has_bias, has_scale)
@@ -122,8 +133,16 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
     dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
     # float32 operands: half-precision products are exact in float32, and XLA:CPU has no
     # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
+    # `precision` changes float32 math only (on GPU DEFAULT / HIGH: one TF32 pass, HIGHEST:
+    # float32; a preset: its algorithm): a float16 / bfloat16 product is exact in float32 at any
+    # precision, which the kernels' float32 accumulation is, so those are computed at HIGHEST
+    # whatever the param says (the numerics contract of the kernels). Float32 operands (not
+    # admitted by _abstract_eval yet: the float32 kernels of a later step, which honour the
+    # param) take the precision, as lax does.
+    half = np.dtype(a.dtype) in IN_DTYPES
     acc = _lax_dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
-                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+                           precision=lax.Precision.HIGHEST if half else precision,
+                           preferred_element_type=jnp.float32)
     return epilogue.apply(acc, c, bias, scale, alpha=alpha, beta=beta, activation=activation,
                           out_dtype=out_dtype, aux=aux)
 
@@ -132,8 +151,11 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
 # CUDA lowering: the FFI custom call, planned here for the local shapes and the device.
 
 def _cuda_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
-                   has_c, has_bias, has_scale, aux, plan, overwrite_c):
+                   has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
     from . import configs
+    # precision stays a param: the float16 / bfloat16 kernels' math does not depend on it (their
+    # products are exact in the float32 accumulator) and the FFI handler takes no such attribute.
+    del precision
     _ffi.require()
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
@@ -230,7 +252,7 @@ def _jvp(primals, tangents, **params):
     # The tangent in d's type: in reverse mode the cotangent of the products then comes out of
     # tcgemm_dact already rounded for them (no conversion pass over M x N).
     lin = dict(transpose_a=params["transpose_a"], transpose_b=params["transpose_b"],
-               out_dtype=out_dtype)
+               out_dtype=out_dtype, precision=params["precision"])  # operands in place: as is
     al_kw = dict(alpha=params["alpha"]) if scale is None else {}
     sc = None if scale is None else jnp.stack([scale[0], jnp.float32(1.0)])
     t = None
@@ -249,7 +271,7 @@ def _jvp(primals, tangents, **params):
         extra.append(tc32 if static_one else (params["beta"] if scale is None else scale[1]) * tc32)
     if scale is not None and not _zero(tscale):
         ab = tcgemm(a, b, transpose_a=params["transpose_a"], transpose_b=params["transpose_b"],
-                    out_dtype=np.float32)
+                    out_dtype=np.float32, precision=params["precision"])
         extra.append(tscale[0] * ab)
         if c is not None:
             extra.append(tscale[1] * jnp.broadcast_to(c.astype(jnp.float32), bshape))
@@ -290,11 +312,17 @@ def _sum_to(x, shape):
 def _transpose(cts, *args, **params):
     """Reverse mode of a linearised tcgemm_p: only the plain linear form appears here (no
     activation or aux: _jvp keeps those outside the tangent), with at most one of a, b
-    undefined, plus c (scaled by beta), never bias or scale."""
+    undefined, plus c (scaled by beta), never bias or scale.
+
+    precision as lax's dot_general transpose assigns it: each backward product is there
+    dot_general(ct, other operand, precision=the same (lhs, rhs) pair), so the cotangent takes
+    the forward's lhs part and the other operand the rhs part. Our products keep that where
+    the cotangent is their a, and swap the pair (swap_precision) where it is their b."""
     hc, hb, hs = params["has_c"], params["has_bias"], params["has_scale"]
     a, b, c, bias, scale = split_operands(args, hc, hb, hs)
     (ct,) = cts
     ta, tb = params["transpose_a"], params["transpose_b"]
+    prec, prec_swapped = params["precision"], swap_precision(params["precision"])
     al_kw = dict(alpha=params["alpha"]) if scale is None else {}
     sc = None if scale is None else jnp.stack([scale[0], jnp.float32(0.0)])
     res = [None] * len(args)
@@ -306,9 +334,10 @@ def _transpose(cts, *args, **params):
         acc = np.dtype(np.float32) if av.shape[0] != g.shape[0] else av.dtype
         if not ta:  # dA (M, K) = alpha dC (M, N) . op(B)^T (N, K)
             da = tcgemm(g, b, scale=sc, transpose_a=False, transpose_b=not tb, out_dtype=acc,
-                        **al_kw)
+                        precision=prec, **al_kw)
         else:       # dA^T (K, M) = alpha op(B) (K, N) . dC^T (N, M)
-            da = tcgemm(b, g, scale=sc, transpose_a=tb, transpose_b=True, out_dtype=acc, **al_kw)
+            da = tcgemm(b, g, scale=sc, transpose_a=tb, transpose_b=True, out_dtype=acc,
+                        precision=prec_swapped, **al_kw)
         res[0] = _sum_to(da, av.shape).astype(av.dtype)
     if ad.is_undefined_primal(b):
         bv = b.aval
@@ -316,9 +345,10 @@ def _transpose(cts, *args, **params):
         acc = np.dtype(np.float32) if bv.shape[0] != g.shape[0] else bv.dtype
         if not tb:  # dB (K, N) = alpha op(A)^T (K, M) . dC (M, N)
             db = tcgemm(a, g, scale=sc, transpose_a=not ta, transpose_b=False, out_dtype=acc,
-                        **al_kw)
+                        precision=prec_swapped, **al_kw)
         else:       # dB^T (N, K) = alpha dC^T (N, M) . op(A) (M, K)
-            db = tcgemm(g, a, scale=sc, transpose_a=True, transpose_b=ta, out_dtype=acc, **al_kw)
+            db = tcgemm(g, a, scale=sc, transpose_a=True, transpose_b=ta, out_dtype=acc,
+                        precision=prec, **al_kw)
         res[1] = _sum_to(db, bv.shape).astype(bv.dtype)
     if hc and ad.is_undefined_primal(c):
         be = params["beta"] if scale is None else scale[1]

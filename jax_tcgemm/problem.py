@@ -1,5 +1,6 @@
-"""The GEMM problem as the primitives see it: operand shapes and layouts, the dtype table, and
-the epilogue's static description. Pure functions of avals and params; no JAX tracing here.
+"""The GEMM problem as the primitives see it: operand shapes and layouts, the dtype table, the
+epilogue's static description, and the precision param in lax's canonical form. Pure functions
+of avals and params; no JAX tracing here.
 
     D = act(alpha * op(A) @ op(B) + beta * C + bias)      (float32, rounded once to out_dtype)
 
@@ -12,7 +13,9 @@ beta] when they are traced (else they are the static params alpha, beta).
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 IN_DTYPES = (F16, BF16)                 # operand types the kernels take
@@ -48,3 +51,69 @@ def split_operands(args, has_c, has_bias, has_scale):
     bias = next(it) if has_bias else None
     scale = next(it) if has_scale else None
     return a, b, c, bias, scale
+
+
+# The names lax.Precision takes (lax.Precision("highest") is Precision.HIGHEST).
+PRECISION_NAMES = ("highest", "float32", "high", "bfloat16_3x", "tensorfloat32", "default",
+                   "bfloat16", "fastest")
+
+
+def canonical_precision(precision):
+    """`precision` as lax.dot_general keeps it in its params: None, a pair (lhs, rhs) of
+    lax.Precision, a lax.DotAlgorithmPreset or a lax.DotAlgorithm. A string or a single
+    lax.Precision applies to both operands; a string may also name a preset; None is the
+    jax_default_matmul_precision in effect (None where unset). lax's canonicalisation, through
+    the public API, with its exceptions: ValueError for what it does not know, TypeError for a
+    list of two lax.Precision (lax keeps it, and a list is no hashable param)."""
+    if precision is None:
+        default = jax.config.jax_default_matmul_precision
+        return None if default is None else canonical_precision(default)
+    if isinstance(precision, str):
+        try:
+            p = lax.Precision(precision)
+            return p, p
+        except ValueError:
+            pass
+        try:
+            return lax.DotAlgorithmPreset[precision]
+        except KeyError:
+            pass
+    elif isinstance(precision, lax.Precision):
+        return precision, precision
+    elif isinstance(precision, (lax.DotAlgorithm, lax.DotAlgorithmPreset)):
+        return precision
+    elif isinstance(precision, (list, tuple)) and len(precision) == 2:
+        if all(isinstance(p, lax.Precision) for p in precision):
+            if isinstance(precision, list):
+                raise TypeError(f"jax_tcgemm: precision must be hashable (as a param of lax's "
+                                f"dot_general): a tuple, not the list {precision!r}")
+            return tuple(precision)
+        if all(isinstance(p, str) for p in precision):
+            # as lax: a preset's name in a pair is a TypeError (a preset is not a pair)
+            return tuple(canonical_precision(p)[0] for p in precision)
+    raise ValueError(f"jax_tcgemm: precision must be None, a string in {list(PRECISION_NAMES)}, "
+                     f"a lax.Precision, a pair of lax.Precision values or strings, a "
+                     f"lax.DotAlgorithmPreset or its name, or a lax.DotAlgorithm (as in lax); got "
+                     f"{precision!r}")
+
+
+def is_canonical_precision(precision):
+    """Whether `precision` is in the form canonical_precision gives (what tcgemm_p takes)."""
+    return (precision is None or isinstance(precision, (lax.DotAlgorithm, lax.DotAlgorithmPreset))
+            or (type(precision) is tuple and len(precision) == 2
+                and all(isinstance(p, lax.Precision) for p in precision)))
+
+
+def swap_precision(precision):
+    """The canonical precision with its lhs and rhs parts exchanged: for a product whose
+    operands are another's, exchanged (a pair swapped, a DotAlgorithm's lhs / rhs types and
+    component counts swapped; None and the presets, symmetric, as they are)."""
+    if isinstance(precision, lax.DotAlgorithm):
+        return precision._replace(
+            lhs_precision_type=precision.rhs_precision_type,
+            rhs_precision_type=precision.lhs_precision_type,
+            lhs_component_count=precision.rhs_component_count,
+            rhs_component_count=precision.lhs_component_count)
+    if type(precision) is tuple:
+        return precision[1], precision[0]
+    return precision

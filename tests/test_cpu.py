@@ -168,7 +168,7 @@ def bind(a, b, *extra, ta=False, tb=False, out_dtype=F16, plan=None, **epilogue)
     """tcgemm_p.bind with every param given (extra: c, bias, scale as the has_* flags say)."""
     params = dict(transpose_a=ta, transpose_b=tb, out_dtype=np.dtype(out_dtype), alpha=1.0,
                   beta=0.0, activation="none", has_c=False, has_bias=False, has_scale=False,
-                  aux=False, plan=plan, overwrite_c=False)
+                  aux=False, plan=plan, overwrite_c=False, precision=None)
     params.update(epilogue)
     return tcgemm_p.bind(a, b, *extra, **params)
 
