@@ -270,23 +270,30 @@ __device__ __forceinline__ void raster(int64_t t, int64_t tm, int64_t tn, int64_
 // A block's work list: items blockIdx.x, + gridDim.x, ... in ascending order (the producer and
 // every consumer walk it alike). Plain: output tile x batch item x K slice (the slice
 // outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
-// turn, the groups found by walking the device group sizes once, in step with the items.
+// turn, the group of an item found by walking the device group sizes (Sm90Sched::next).
 template <int BM, int BN, int BK>
 struct Sm90Sched {
-  int g = -1;                           // ragged: the group of the last item
-  int start = 0, size = 0;              // its first row / k, its (clamped) size
-  int w0 = 0, items = 0;                // its first item and item count (< 2^31: tiles)
-
-  __device__ void load_group(const GemmParams& p) {
-    const bool rows = p.ragged.mode == RaggedMode::kRows;
-    const int64_t extent = rows ? p.m : p.k;
-    size = static_cast<int>(max(int64_t(0), min(int64_t(__ldg(p.ragged.sizes + g)), extent - start)));
-    items = rows ? (size + BM - 1) / BM * p.tiles_n : p.tiles_m * p.tiles_n;
+  // The clamped size of group g that starts at `start` (a negative size counts as 0; the
+  // groups end at the ragged extent).
+  __device__ static int group_size(const GemmParams& p, int g, int64_t start) {
+    const int64_t extent = p.ragged.mode == RaggedMode::kRows ? p.m : p.k;
+    return static_cast<int>(
+        max(int64_t(0), min(int64_t(__ldg(p.ragged.sizes + g)), extent - start)));
   }
 
-  // Item w (>= every earlier call's) into r; false when the list has ended. (p is passed, not
-  // kept: a reference member would hold the kernel parameter's generic address.)
-  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) {
+  // Where the last group ends: the sum of the clamped sizes.
+  __device__ static int64_t ragged_end(const GemmParams& p) {
+    int64_t start = 0;
+    for (int g = 0; g < p.ragged.groups; ++g) start += group_size(p, g, start);
+    return start;
+  }
+
+  // Item w into r; false past the end of the list. Grouped lists walk the group sizes from
+  // the first group on every call: no state is kept across the main loop, where the
+  // consumers' accumulators leave no registers for it (kept in registers, a cursor made ptxas
+  // spill; the walk costs O(groups) cached loads per item). (p is passed, not kept: a
+  // reference member would hold the kernel parameter's generic address.)
+  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) const {
     const int ktiles_all = static_cast<int>((p.k + BK - 1) / BK);
     if (p.ragged.mode == RaggedMode::kNone) {
       const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
@@ -307,16 +314,18 @@ struct Sm90Sched {
       r.kvalid = BK;  // past K, TMA reads zeros
       return true;
     }
-    if (g < 0) {
-      g = 0;
-      if (p.ragged.groups > 0) load_group(p);
-    }
-    while (g < p.ragged.groups && w >= w0 + items) {
+    const bool rows_mode = p.ragged.mode == RaggedMode::kRows;
+    int g = 0, start = 0, size = 0;
+    int64_t w0 = 0;
+    for (;; ++g) {
+      if (g >= p.ragged.groups) return false;
+      size = group_size(p, g, start);
+      const int64_t items =
+          rows_mode ? int64_t(size + BM - 1) / BM * p.tiles_n : int64_t(p.tiles_m) * p.tiles_n;
+      if (w < w0 + items) break;
       w0 += items;
       start += size;
-      if (++g < p.ragged.groups) load_group(p);
     }
-    if (g >= p.ragged.groups) return false;
     int64_t mt, nt;
     r.slice = 0;
     r.za = 0;
@@ -386,7 +395,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::prefetch_tensormap(&map_b);
     int s = 0;
     uint32_t phase = 0;
-    Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+    const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
     Sm90Work wk;
     for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.scale &&
                       p.epi.act == Activation::kNone;
   const float alpha = p.epi.alpha;
-  Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+  const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
   Sm90Work wk;
   int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
   for (int64_t w = w_first;; w += w_step) {
@@ -526,10 +535,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     }
   }
   if (p.ragged.mode == RaggedMode::kRows) {
-    // Rows past the last group (sched.start: the sum of the sizes) are zeros, written by all
-    // blocks' consumers.
+    // Rows past the last group are zeros, written by all blocks' consumers.
     const int64_t bytes = DTypeBytes(p.d_type);
-    zero_bytes(static_cast<char*>(p.d), int64_t(sched.start) * p.n * bytes, p.m * p.n * bytes,
+    zero_bytes(static_cast<char*>(p.d), sched.ragged_end(p) * p.n * bytes, p.m * p.n * bytes,
                int64_t(blockIdx.x) * 128 * Tr::kConsumers + threadIdx.x - 128,
                int64_t(gridDim.x) * 128 * Tr::kConsumers);
   }
