@@ -28,7 +28,6 @@ class Config:
     warps_n: int
     warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
     consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
-    pingpong: bool  # sm90: each consumer warpgroup owns whole tiles, in turn (gemm_config.inc)
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)

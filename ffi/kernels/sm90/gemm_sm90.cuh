@@ -55,9 +55,7 @@ struct Sm90Traits {
   static constexpr GemmConfig c = kConfigs[CFG];
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
   static constexpr int kConsumers = c.consumers;
-  static constexpr bool kPingPong = c.pingpong;  // a consumer owns whole tiles, in turn
-  // m64 blocks per consumer warpgroup: all of the tile's (ping-pong), or its share
-  static constexpr int kMB = kPingPong ? kBM / 64 : kBM / (64 * kConsumers);
+  static constexpr int kMB = kBM / (64 * kConsumers);  // m64 blocks per consumer warpgroup
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = kBN * kBK * 2;
@@ -74,7 +72,7 @@ struct Sm90Traits {
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
   static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");
-  static_assert(kConsumers >= 1 && kBM == 64 * (kPingPong ? 1 : kConsumers) * kMB && kMB >= 1,
+  static_assert(kConsumers >= 1 && kBM == 64 * kConsumers * kMB && kMB >= 1,
                 "each consumer warpgroup owns a multiple of 64 rows");
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
   static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
@@ -381,8 +379,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      // one arrival per consumer warpgroup that reads the stage
-      ptx::mbarrier_init(empty_bar(s), Tr::kPingPong ? 1 : Tr::kConsumers);
+      ptx::mbarrier_init(empty_bar(s), Tr::kConsumers);  // one arrival per consumer warpgroup
     }
     ptx::fence_mbarrier_init();
   }
@@ -414,21 +411,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int cw = wg - 1;
-  // Cooperative: every item, m64 blocks [mb0, mb0 + kMB) of its tile. Ping-pong: items cw,
-  // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
-  // (the other warpgroups') are skipped.
-  const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
-  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
-  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
-  // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
-  // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
-  // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
-  // wait on a stage two fills ahead (it would take the other's tile for its own).
-  const uint32_t my_turn = 3 + cw, their_turn = 3 + (1 - cw);
-  // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
-  constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
-  const int zero_id = Tr::kPingPong ? t : threadIdx.x - 128;
-  const uint32_t zero_bar = Tr::kPingPong ? 1 + cw : 1 + Tr::kConsumers;
+  const int mb0 = cw * Tr::kMB;  // this warpgroup's m64 blocks [mb0, mb0 + kMB) of every tile
   char* const epi = smem_raw + (smem - ptx::cvta_to_shared(smem_raw)) + Tr::kEpiOffset +
                     cw * kEpiBytes;  // this warpgroup's staging panel
   // M/N-major tiles: 64-element boxes kBox bytes apart (leading), 8-k-row groups 1 KB apart
@@ -443,22 +426,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const float alpha = p.epi.alpha;
   const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
   Sm90Work wk;
-  int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
-  for (int64_t w = w_first;; w += w_step) {
-    if constexpr (Tr::kPingPong) {
-      for (; w_seen < w; w_seen += gridDim.x) {  // another warpgroup's item: skip its stages
-        Sm90Work other;
-        if (!sched.next(p, w_seen, other)) break;
-        s += other.ktiles;
-        phase ^= (s / Tr::kStages) & 1;
-        s %= Tr::kStages;
-      }
-      w_seen = w + gridDim.x;
-    }
-    if (!sched.next(p, w, wk)) break;
-    if constexpr (Tr::kPingPong) {
-      if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
-    }
+  for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
@@ -468,13 +436,13 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       ptx::mbarrier_wait(full_bar(s), phase);
       if constexpr (!A_KMAJOR && !B_KMAJOR) {
         // Ragged contraction: the last k tile of a group ends inside the stage; its other k
-        // rows (another group's) are zeroed in both operands, by the warpgroups that read the
-        // stage, before any wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
+        // rows (another group's) are zeroed in both operands, by all consumers, before any
+        // wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
         // permutes within lines).
         if (kt == wk.ktiles - 1 && wk.kvalid < Tr::kBK) {
           constexpr int kBoxes = (Tr::kBM + Tr::kBN) / 64, kLines = Tr::kBK;
           const int lines = kLines - wk.kvalid;
-          for (int i = zero_id; i < kBoxes * lines * 8; i += kZeroThreads) {
+          for (int i = threadIdx.x - 128; i < kBoxes * lines * 8; i += 128 * Tr::kConsumers) {
             const int box = i / (lines * 8), line = wk.kvalid + (i / 8) % lines, q = i % 8;
             const uint32_t at = (box < Tr::kBM / 64 ? a_stage(s) + box * Tr::kBox
                                                     : b_stage(s) + (box - Tr::kBM / 64) * Tr::kBox) +
@@ -482,7 +450,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             ptx::st_shared_zero16(at);
           }
           ptx::fence_proxy_async_shared();
-          ptx::named_barrier_sync(zero_bar, kZeroThreads);
+          ptx::named_barrier_sync(1 + Tr::kConsumers, 128 * Tr::kConsumers);
         }
       }
       ptx::wgmma_fence();
@@ -505,10 +473,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
       prev = s;
       if (++s == Tr::kStages) { s = 0; phase ^= 1; }
-    }
-    if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
-      Sm90Work other;
-      if (sched.next(p, w + gridDim.x, other)) ptx::named_barrier_arrive(their_turn, 256);
     }
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
