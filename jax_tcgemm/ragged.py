@@ -82,6 +82,13 @@ def group_ends(group_sizes, m):
     return lax.associative_scan(lambda x, y: y + jnp.minimum(x, m - y), s, axis=-1)
 
 
+def row_groups(ends, m):
+    """The group of each of the m rows (G for rows past the last group), from group_ends."""
+    rows = jnp.arange(m, dtype=jnp.int32)
+    return jnp.where(rows < ends[-1], jnp.searchsorted(ends, rows, side="right"),
+                     ends.shape[0]).astype(jnp.int32)
+
+
 def group_starts(ends):
     return jnp.concatenate([jnp.zeros_like(ends[..., :1]), ends[..., :-1]], axis=-1)
 
@@ -184,9 +191,9 @@ def reference(a, b, gs, *bias, mode, transpose_b, out_dtype, activation="none", 
                                   precision=lax.Precision.HIGHEST,
                                   preferred_element_type=jnp.float32)
     if has_bias:  # row r gets its group's bias; rows no group owns stay 0
-        rows = jnp.arange(m, dtype=jnp.int32)
-        group = jnp.minimum(jnp.searchsorted(ends, rows, side="right"), ends.shape[0] - 1)
-        acc = acc + jnp.where((rows < ends[-1])[:, None], bias[0][group], 0.0)
+        group = row_groups(ends, m)
+        owned = group < ends.shape[0]
+        acc = acc + jnp.where(owned[:, None], bias[0][jnp.where(owned, group, 0)], 0.0)
     return [epilogue.activate(activation, acc).astype(out_dtype)]
 
 
@@ -289,9 +296,7 @@ def _group_sums(ct, gs, dtype):
     an H100; a bias gradient is summed in float32, as tg.gemm's dact kernel does.)"""
     del dtype
     m, groups = ct.shape[0], gs.shape[0]
-    ends = group_ends(gs, m)
-    rows = jnp.arange(m, dtype=jnp.int32)
-    seg = jnp.where(rows < ends[-1], jnp.searchsorted(ends, rows, side="right"), groups)
+    seg = row_groups(group_ends(gs, m), m)
     return jax.ops.segment_sum(ct.astype(F32), seg, num_segments=groups + 1)[:groups]
 
 
