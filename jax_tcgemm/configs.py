@@ -28,6 +28,7 @@ class Config:
     warps_n: int
     warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
     consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
+    pingpong: bool  # sm90: each consumer warpgroup owns whole tiles, in turn (gemm_config.inc)
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
@@ -125,6 +126,11 @@ _PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block
 # sm90 split-K: 2 us per slice past the first, fitted to harness timings of 128 x 4096^2 and
 # 16 x 4096^2 (every sm90 row, 1, 2 and 4 slices; H100, benchmarks/NOTES.md v15)
 _SM90_SLICE = 2e-6
+# A fused epilogue (C, bias, activation, aux: anything past alpha) on a cooperative sm90 row
+# runs while its tile's tensor-core work waits: seconds per 128x256 tile (scaled by the tile's
+# area), H100 (benchmarks/NOTES.md v32). A ping-pong row (c.pingpong) runs one warpgroup's
+# epilogue under the other's main loop: only a block's last tile shows it.
+_EPI_TILE_SM90 = 10e-6
 
 
 def _rate(c: Config, resident: int) -> float:
@@ -147,7 +153,7 @@ def _rate(c: Config, resident: int) -> float:
 
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
-             elem_bytes: int = 2) -> tuple[float, float]:
+             elem_bytes: int = 2, epilogue: bool = False) -> tuple[float, float]:
     """Modelled seconds of config c with s K slices, and the GEMM part alone (the tie-break).
 
     Blocks (or clusters of the s slices) run in waves of the resident slots; a block walks
@@ -155,7 +161,8 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     resident on it), a memory round trip per stages-1 tiles in flight, and its share of L2
     bandwidth. Split-K adds the reduction. sm90 rows: one block per SM, their own peak and
     pipeline fill, split-K always through the workspace (never a cluster), plus _SM90_SLICE
-    per slice past the first.
+    per slice past the first, and a fused epilogue's time per tile (`epilogue`: _EPI_TILE_SM90;
+    a ping-pong row hides all but a block's last).
     The operands and C must also cross HBM once; memory and compute overlap only in part."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
@@ -178,6 +185,9 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     fill = (_PIPE_FILL_SM90 * 64 if hopper else _PIPE_FILL * 32) / c.bk
     fill /= 2 if resident >= 2 else 1
     t_gemm = math.ceil(blocks / slots) * (kt + fill) * t_tile
+    if hopper and epilogue:
+        t_epi = _EPI_TILE_SM90 * c.bm * c.bn / (128 * 256)
+        t_gemm += t_epi * (1 if c.pingpong else math.ceil(blocks / slots))
     if cluster:  # slices sum each other's tiles in shared memory
         t_gemm += (blocks * c.bm * c.bn * 4 / _DSMEM_BW + (s - 1) * _CLUSTER_SLICE
                    + (s - 1) * c.bm * c.bn * 4 / _SLICE_ADD_BW)
@@ -307,10 +317,13 @@ SKINNY_MAX_M = 32
 SLICED_K_MAX_WEIGHT = 32 << 20
 
 
-def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1) -> bool:
+def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
+             epilogue: bool = False) -> bool:
     """Whether config c with s K slices is one of plan()'s candidates for a (batch x) M x N x K
-    product (rows with BM >= 64: always; skinny rows: see SKINNY_MAX_M; sliced-K rows: see
-    above)."""
+    product (rows with BM >= 64: always, but ping-pong rows only for a fused epilogue, the one
+    thing they are for; skinny rows: see SKINNY_MAX_M; sliced-K rows: see above)."""
+    if c.pingpong:
+        return epilogue
     if c.bm >= 64:
         return True
     blocks = c.tiles(m, n) * batch
@@ -324,19 +337,20 @@ def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1) -> bool:
 
 
 def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
-         arch: tuple[int, ...] | None = None):
+         arch: tuple[int, ...] | None = None, epilogue: bool = False):
     """(config name, split_k) for a (batch x) M x N x K product on a device of compute
     capability `arch` (device_arch() for the default device; None: sm80 rows only): the pair
     of least modelled time (ties: less compute, the earlier config of the table, then fewer
-    slices). sm90 rows compete only where they would run as themselves (tma_addressable)."""
+    slices). sm90 rows compete only where they would run as themselves (tma_addressable).
+    `epilogue`: the product has a fused epilogue beyond alpha (problem.fused_epilogue)."""
     del dtype  # same model for both input types and all layouts (for now; the layout only
     # decides whether an sm90 row would run as itself)
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
     allowed = configs_for(arch)
-    best = min(((*estimate(c, s, m, n, k, batch), i, s)
+    best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
                 for i, c in enumerate(CONFIGS)
                 if c in allowed and (c.kind == "sm80" or hopper_ok)
-                for s in splits(c, k, m) if competes(c, s, m, n, k, batch)))
+                for s in splits(c, k, m) if competes(c, s, m, n, k, batch, epilogue)))
     return CONFIGS[best[2]].name, best[3]
 
 
@@ -353,9 +367,11 @@ def split_k(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
     return min(cands, key=lambda s: (*estimate(c, s, m, n, k, batch), s))
 
 
-def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN"):
+def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
+                    epilogue: bool = False):
     """(config, split_k) for a product lowered for the default device: measured by the
-    autotuner when it is on (imported only then), else plan()'s cost model."""
+    autotuner when it is on (imported only then; it times plain products), else plan()'s
+    cost model."""
     import os
     import sys
     tuner = sys.modules.get(__package__ + ".autotune")
@@ -364,7 +380,7 @@ def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: 
         from . import autotune
         if autotune.enabled():
             return autotune.plan(m, n, k, batch, dtype, layout)
-    return plan(m, n, k, batch, dtype, layout, device_arch())
+    return plan(m, n, k, batch, dtype, layout, device_arch(), epilogue)
 
 
 def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,

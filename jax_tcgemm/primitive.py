@@ -160,8 +160,9 @@ def _cuda_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta,
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     if plan is None:
-        config, split_k = configs.plan_for_device(m, n, k, bt, a_aval.dtype,
-                                                  problem.layout_name(transpose_a, transpose_b))
+        config, split_k = configs.plan_for_device(
+            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
+            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
     else:
         config, split_k = plan
     pack = configs.should_pack(m, n, k, bt, transpose_a, transpose_b)

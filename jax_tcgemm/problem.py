@@ -31,6 +31,12 @@ def activation_index(name) -> int:
     return ACTIVATIONS.index("none" if name is None else name)
 
 
+def fused_epilogue(has_c: bool, has_bias: bool, has_scale: bool, aux: bool, activation) -> bool:
+    """Whether a product's epilogue does more than scale by a constant alpha: the planner's
+    `epilogue` (configs.plan); the kernels' full epilogue path (epi_block, not store_block)."""
+    return bool(has_c or has_bias or has_scale or aux or activation_index(activation))
+
+
 def dims(a_shape, b_shape, transpose_a, transpose_b):
     """(batch, M, N, K of a, K of b) of operand shapes."""
     m, ka = (a_shape[2], a_shape[1]) if transpose_a else (a_shape[1], a_shape[2])

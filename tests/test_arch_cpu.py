@@ -211,8 +211,10 @@ def test_sm90_rows():
     (Sm80Fallback in C++)."""
     assert SM90, "the module's config table has no sm90 row (TCGEMM_SM90_CONFIG)"
     for c in SM90:
-        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_g\d+", c.name), c.name
-        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_g{c.consumers}"
+        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_[gp]\d+", c.name), c.name
+        kind = "p" if c.pingpong else "g"
+        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_{kind}{c.consumers}"
+        assert not c.pingpong or c.consumers == 2
         assert (c.warps_m, c.warps_n) == (0, 0) and c.consumers >= 1
         assert c.threads == 128 * (c.consumers + 1) and c.bm % c.consumers == 0
         assert configs.blocks_per_sm(c) == 1 and configs.splits(c, 65536) == (1, 2)

@@ -20,13 +20,18 @@ struct GemmConfig {
   Kind kind = Kind::kSm80;
   int consumers = 0;   // sm90: consumer warpgroups, each owning bm / consumers rows
   int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1
+  bool pingpong = false;  // sm90: each consumer warpgroup owns whole tiles (every consumers-th
+                          // item), so one's epilogue overlaps the other's main loop
 };
 
 inline constexpr GemmConfig kConfigs[] = {
 #define TCGEMM_CONFIG(BM, BN, BK, S, WM, WN, WK) \
   GemmConfig{BM, BN, BK, S, WM, WN, Kind::kSm80, 0, WK},
 #define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
+#define TCGEMM_SM90_PINGPONG_CONFIG(BM, BN, BK, S) \
+  GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, 2, 1, true},
 #include "gemm_config.inc"
+#undef TCGEMM_SM90_PINGPONG_CONFIG
 #undef TCGEMM_SM90_CONFIG
 #undef TCGEMM_CONFIG
 };
@@ -35,7 +40,8 @@ inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kC
 inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
-  if (c.kind == Kind::kSm90) return "sm90_" + tile + "_g" + std::to_string(c.consumers);
+  if (c.kind == Kind::kSm90)
+    return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers);
   return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n) +
          (c.warps_k > 1 ? "x" + std::to_string(c.warps_k) : "");
 }

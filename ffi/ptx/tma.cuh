@@ -95,4 +95,10 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) 
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// bar.arrive (PTX 9.7.13.1): this warp arrives at named barrier `id` (of `count` threads)
+// without waiting; those that bar.sync on it wait for the arrivals.
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 }  // namespace tcgemm::ptx

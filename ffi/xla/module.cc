@@ -81,6 +81,7 @@ NB_MODULE(_tcgemm, m) {
       r["bm"] = c.bm; r["bn"] = c.bn; r["bk"] = c.bk; r["stages"] = c.stages;
       r["warps_m"] = c.warps_m; r["warps_n"] = c.warps_n; r["warps_k"] = c.warps_k;
       r["consumers"] = c.consumers;
+      r["pingpong"] = c.pingpong;
       r["threads"] = sm90 ? 128 * (c.consumers + 1) : 32 * c.warps_m * c.warps_n * c.warps_k;
       r["smem_bytes"] =
           SmemBytesOf(i, std::make_integer_sequence<int, tcgemm::kNumConfigs>{});

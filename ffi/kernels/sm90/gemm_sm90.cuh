@@ -55,7 +55,9 @@ struct Sm90Traits {
   static constexpr GemmConfig c = kConfigs[CFG];
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
   static constexpr int kConsumers = c.consumers;
-  static constexpr int kMB = kBM / (64 * kConsumers);  // m64 blocks per consumer warpgroup
+  static constexpr bool kPingPong = c.pingpong;  // a consumer owns whole tiles, in turn
+  // m64 blocks per consumer warpgroup: all of the tile's (ping-pong), or its share
+  static constexpr int kMB = kPingPong ? kBM / 64 : kBM / (64 * kConsumers);
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBytes = kBN * kBK * 2;
@@ -72,7 +74,7 @@ struct Sm90Traits {
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
   static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");
-  static_assert(kConsumers >= 1 && kBM == 64 * kConsumers * kMB && kMB >= 1,
+  static_assert(kConsumers >= 1 && kBM == 64 * (kPingPong ? 1 : kConsumers) * kMB && kMB >= 1,
                 "each consumer warpgroup owns a multiple of 64 rows");
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
   static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
@@ -179,11 +181,57 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
 
 // The full epilogue (kernels/common/epilogue.cuh) on a consumer warpgroup's 64 x BN
 // accumulators of batch item z (D's item at element d_item; rows below row_end): the raw
-// float32 accumulators go through the staging panel 64 columns at a time, and the copy-out
-// applies the epilogue to each 16-byte chunk (4 columns of a row: coalesced C reads) on its way
-// to D (and aux). The copy-out loop is not unrolled: the epilogue's code once, and no registers
-// held across it but the accumulators not yet staged (ptxas fits the consumers in 168
-// registers at 384 threads; C loads batched over rows spilled them: benchmarks/NOTES.md v31).
+// float32 accumulators go through the staging panel 64 columns at a time; in the copy-out a
+// thread owns one 16-byte chunk (4 columns, coalesced with its neighbours') of 8 rows of the
+// panel. Everything it reads from global memory for the panel (the columns' bias, and C's 8 x 4
+// values) is loaded before any of it is used, so a panel waits for one memory round trip, not
+// one per row (under the other warpgroup's TMA traffic a round trip is ~1 us: 32 of them per
+// tile were longer than a ping-pong main loop, benchmarks/NOTES.md v32). The activation is a
+// template argument of the copy-out (one switch per panel, none per element).
+template <typename Out, Activation ACT>
+__device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, const char* epi,
+                                             int64_t z, int64_t d_item, int64_t row0,
+                                             int64_t pc, int64_t row_end, int t) {
+  const EpilogueParams& ep = p.epi;
+  const int q = t & 15, rb = t >> 4;  // chunk q of rows rb, rb + 8, ..., rb + 56
+  const int64_t gc = pc + q * 4;
+  const int cols = static_cast<int>(max(int64_t(0), min(p.n - gc, int64_t(4))));
+  const bool vec = p.n % 4 == 0;
+  float colv[4];  // bias of the chunk's columns (0 past N)
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
+  float cv[8][4] = {};  // C of the chunk's rows (0 past M and N)
+  if (ep.c) {
+    with_dtype(ep.c_type, [&](auto c0) {
+      using C = decltype(c0);
+      const C* const c = static_cast<const C*>(ep.c) + z * ep.c_sb + gc * ep.c_sc;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t gr = row0 + rb + 8 * i;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (gr < row_end && j < cols) cv[i][j] = to_float(c[gr * ep.c_sr + j * ep.c_sc]);
+      }
+    });
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = rb + 8 * i;
+    const int64_t gr = row0 + row;
+    if (gr >= row_end || cols == 0) continue;
+    const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
+    float v[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = s.alpha * v[j] + s.beta * cv[i][j] + colv[j];
+    const int64_t off = d_item + gr * p.n + gc;
+    if (ep.aux) store_vec<Out, 4>(static_cast<Out*>(ep.aux) + off, v, cols, vec);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = activate<std::is_same_v<Out, __nv_bfloat16>>(ACT, v[j]);
+    store_vec<Out, 4>(static_cast<Out*>(p.d) + off, v, cols, vec);
+  }
+}
+
 template <typename Out, int BN>
 __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc)[BN / 2],
                                           int64_t z, int64_t d_item, int64_t row0, int64_t col0,
@@ -192,7 +240,6 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc
   const int lane = t & 31, warp = t >> 5;
   const int r = warp * 16 + (lane >> 2);
   const EpiScale s = epi_scale(p);
-  const bool vec = p.n % 4 == 0;
 #pragma unroll
   for (int panel = 0; panel < BN / kCols; ++panel) {
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
@@ -205,16 +252,9 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
     const int64_t pc = col0 + panel * kCols;
-#pragma unroll 1
-    for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
-      const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
-      const int64_t gr = row0 + row, gc = pc + q * 4;
-      if (gr >= row_end || gc >= p.n) continue;
-      const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
-      float v[4] = {x.x, x.y, x.z, x.w};
-      epi_store<Out, 4>(p, s, z, gr, gc, v, d_item + gr * p.n + gc,
-                        static_cast<int>(min(p.n - gc, int64_t(4))), vec);
-    }
+    with_activation(p.epi.act, [&](auto act) {
+      epi_copy_out<Out, decltype(act)::value>(p, s, epi, z, d_item, row0, pc, row_end, t);
+    });
   }
 }
 
@@ -379,7 +419,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      ptx::mbarrier_init(empty_bar(s), Tr::kConsumers);  // one arrival per consumer warpgroup
+      // one arrival per consumer warpgroup that reads the stage
+      ptx::mbarrier_init(empty_bar(s), Tr::kPingPong ? 1 : Tr::kConsumers);
     }
     ptx::fence_mbarrier_init();
   }
@@ -411,7 +452,21 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int cw = wg - 1;
-  const int mb0 = cw * Tr::kMB;  // this warpgroup's m64 blocks [mb0, mb0 + kMB) of every tile
+  // Cooperative: every item, m64 blocks [mb0, mb0 + kMB) of its tile. Ping-pong: items cw,
+  // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
+  // (the other warpgroups') are skipped.
+  const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
+  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
+  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
+  // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
+  // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
+  // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
+  // wait on a stage two fills ahead (it would take the other's tile for its own).
+  const uint32_t my_turn = 3 + cw, their_turn = 3 + (1 - cw);
+  // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
+  constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
+  const int zero_id = Tr::kPingPong ? t : threadIdx.x - 128;
+  const uint32_t zero_bar = Tr::kPingPong ? 1 + cw : 1 + Tr::kConsumers;
   char* const epi = smem_raw + (smem - ptx::cvta_to_shared(smem_raw)) + Tr::kEpiOffset +
                     cw * kEpiBytes;  // this warpgroup's staging panel
   // M/N-major tiles: 64-element boxes kBox bytes apart (leading), 8-k-row groups 1 KB apart
@@ -426,7 +481,22 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const float alpha = p.epi.alpha;
   const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
   Sm90Work wk;
-  for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
+  int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
+  for (int64_t w = w_first;; w += w_step) {
+    if constexpr (Tr::kPingPong) {
+      for (; w_seen < w; w_seen += gridDim.x) {  // another warpgroup's item: skip its stages
+        Sm90Work other;
+        if (!sched.next(p, w_seen, other)) break;
+        s += other.ktiles;
+        phase ^= (s / Tr::kStages) & 1;
+        s %= Tr::kStages;
+      }
+      w_seen = w + gridDim.x;
+    }
+    if (!sched.next(p, w, wk)) break;
+    if constexpr (Tr::kPingPong) {
+      if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
+    }
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
@@ -436,13 +506,13 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       ptx::mbarrier_wait(full_bar(s), phase);
       if constexpr (!A_KMAJOR && !B_KMAJOR) {
         // Ragged contraction: the last k tile of a group ends inside the stage; its other k
-        // rows (another group's) are zeroed in both operands, by all consumers, before any
-        // wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
+        // rows (another group's) are zeroed in both operands, by the warpgroups that read the
+        // stage, before any wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
         // permutes within lines).
         if (kt == wk.ktiles - 1 && wk.kvalid < Tr::kBK) {
           constexpr int kBoxes = (Tr::kBM + Tr::kBN) / 64, kLines = Tr::kBK;
           const int lines = kLines - wk.kvalid;
-          for (int i = threadIdx.x - 128; i < kBoxes * lines * 8; i += 128 * Tr::kConsumers) {
+          for (int i = zero_id; i < kBoxes * lines * 8; i += kZeroThreads) {
             const int box = i / (lines * 8), line = wk.kvalid + (i / 8) % lines, q = i % 8;
             const uint32_t at = (box < Tr::kBM / 64 ? a_stage(s) + box * Tr::kBox
                                                     : b_stage(s) + (box - Tr::kBM / 64) * Tr::kBox) +
@@ -450,7 +520,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             ptx::st_shared_zero16(at);
           }
           ptx::fence_proxy_async_shared();
-          ptx::named_barrier_sync(1 + Tr::kConsumers, 128 * Tr::kConsumers);
+          ptx::named_barrier_sync(zero_bar, kZeroThreads);
         }
       }
       ptx::wgmma_fence();
@@ -473,6 +543,10 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
       prev = s;
       if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+    }
+    if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
+      Sm90Work other;
+      if (sched.next(p, w + gridDim.x, other)) ptx::named_barrier_arrive(their_turn, 256);
     }
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
