@@ -161,7 +161,7 @@ def _mlp_errors(case, outs, x, shared) -> dict:
 
 def config_of(case: RaggedCase) -> str:
     """The forward product's config (configs.plan_ragged), 'lax' where no grouped kernel runs
-    (not compute capability 9.0), 'n/a' where the planner is unavailable."""
+    (configs.ragged_kind: a GPU below sm_80, or none), 'n/a' where the planner is unavailable."""
     try:
         import jax.numpy as jnp
         from jax_tcgemm import configs

@@ -34,6 +34,8 @@ class Config:
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
     element_loads: bool  # sm80: has kernels for operands that are not 16-byte aligned (else
     # such operands run on the first row with its BK that has them: ElementLoadsRow in C++)
+    ragged: bool  # runs grouped (ragged) products (HasRaggedKernels in C++): every sm90 row,
+    # and the sm80 rows with grouped kernels (plan_ragged picks among these)
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -385,21 +387,33 @@ def plan_for_device(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: 
     return plan(m, n, k, batch, dtype, layout, device_arch(), epilogue)
 
 
+def ragged_kind(arch: tuple[int, ...] | None) -> str | None:
+    """The kernel family that runs grouped products on a device of compute capability `arch`:
+    "sm90" on 9.0 (the persistent TMA + wgmma scheduler), "sm80" on every other GPU from 8.0 on
+    (sm_80, 86, 89, 10.x, 12.x: the mma.sync kernels), None where no grouped kernel runs (arch
+    unknown, or below 8.0: the caller lowers through lax)."""
+    if arch is None or tuple(arch[:2]) < (8, 0):
+        return None
+    return "sm90" if tuple(arch[:2]) == (9, 0) else "sm80"
+
+
 def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
                 transpose_b: bool = False, arch: tuple[int, ...] | None = "device"):
     """Config name for a grouped product (tcgemm_ragged, ffi/xla/ragged_ffi.cc), or None where
-    no grouped kernel runs (compute capability other than 9.0: the caller lowers through lax).
-    The grouped scheduler runs on the sm90 rows without a K split; the row is the one the cost
-    model picks for the dense batched product of equal groups (mode 0, rows: groups x M/G x N
-    x K; mode 1, contraction: groups x K x N over M/G)."""
+    no grouped kernel runs (ragged_kind(arch) is None: the caller lowers through lax).
+    Grouped products run without a K split on the rows with grouped kernels (Config.ragged)
+    of the device's family (ragged_kind); the row is the one the cost model picks for the
+    dense batched product of equal groups (mode 0, rows: groups x M/G x N x K; mode 1,
+    contraction: groups x K x N over M/G)."""
     del dtype, transpose_b  # one model for both input types and layouts (as plan())
     if arch == "device":
         arch = device_arch()
-    if arch is None or tuple(arch[:2]) != (9, 0):
+    kind = ragged_kind(arch)
+    if kind is None:
         return None
     g = max(int(groups), 1)
     per = max(1, -(-int(m) // g))
     mm, nn, kk = (per, n, k) if mode == 0 else (k, n, per)
     best = min((*estimate(c, 1, mm, nn, kk, g), i) for i, c in enumerate(CONFIGS)
-               if c.kind == "sm90")
+               if c.kind == kind and c.ragged)
     return CONFIGS[best[-1]].name

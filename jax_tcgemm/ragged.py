@@ -12,9 +12,11 @@ tcgemm_ragged_p(a, b, group_sizes, [bias]) -> [d]; group g owns rows [start_g, e
 a and b are both float16 or both bfloat16, group_sizes int32 (G,); accumulation and epilogue
 in float32, rounded once to out_dtype (float16, bfloat16 or float32). Params describe the math
 (mode, transpose_b, out_dtype, activation, has_bias) plus `plan`: None (the CUDA lowering asks
-configs.plan_ragged, which names an sm90 config on compute capability 9.0 and none elsewhere,
-where the product lowers through lax.ragged_dot_general with the same contract) or a config
-name, an override (an sm90 row: the grouped scheduler runs on those).
+configs.plan_ragged, which names an sm90 config on compute capability 9.0, an sm80 config on
+every other GPU from 8.0 on, and none below 8.0, where the product lowers through
+lax.ragged_dot_general with the same contract) or a config name, an override (a row with
+grouped kernels, Config.ragged: every sm90 row, which runs on 9.0 only, and some sm80 rows,
+which run on any GPU from 8.0 on).
 
 Group boundaries (the clamping rule, the same in the kernel, the lax reference and the
 partitioner): a negative size counts as 0, and ends are cut at M (end_g = min(M, sum of the
@@ -62,7 +64,7 @@ I32 = np.dtype(np.int32)
 def ragged(a, b, group_sizes, bias=None, *, mode=0, transpose_b=False, out_dtype=None,
            activation=None, config=None):
     """Binds tcgemm_ragged_p; returns d. out_dtype defaults to a's dtype; config (a config
-    name, an sm90 row) overrides configs.plan_ragged."""
+    name, a row with grouped kernels: Config.ragged) overrides configs.plan_ragged."""
     out = tcgemm_ragged_p.bind(
         a, b, group_sizes, *([] if bias is None else [bias]), mode=int(mode),
         transpose_b=bool(transpose_b), out_dtype=np.dtype(a.dtype if out_dtype is None
@@ -158,10 +160,11 @@ def _abstract_eval(a, b, gs, *bias, mode, transpose_b, out_dtype, activation, ha
                          f"{tuple(bias[0].shape)} {bias[0].dtype}: {desc}")
     if plan is not None:
         from . import configs  # the table, read from the module (empty where it is not built)
-        sm90 = sorted(c.name for c in configs.CONFIGS if c.kind == "sm90")
-        if not isinstance(plan, str) or (configs.CONFIGS and plan not in sm90):
-            raise ValueError(f"tcgemm_ragged: the config override must name an sm90 config "
-                             f"(the grouped scheduler's); got {plan!r}; known: {sm90}")
+        grouped = sorted(c.name for c in configs.CONFIGS if c.ragged)
+        if not isinstance(plan, str) or (configs.CONFIGS and plan not in grouped):
+            raise ValueError(f"tcgemm_ragged: the config override must name a config with "
+                             f"grouped kernels (an sm90 row, or an sm80 row with grouped "
+                             f"kernels); got {plan!r}; known: {grouped}")
     shape = (m, n) if mode == 0 else (groups, k, n)
     return [jax.core.ShapedArray(shape, np.dtype(out_dtype))]
 
@@ -218,7 +221,7 @@ def _cuda_lowering(ctx, a, b, gs, *bias, mode, transpose_b, out_dtype, activatio
         if plan is None:  # no grouped kernel for this GPU
             return _lax_gpu_lowering(ctx, a, b, gs, *bias, **params)
     m, n, k, _ = _dims(a_aval.shape, b_aval.shape, mode, transpose_b)
-    if k % 8 or n % 8:  # TMA reads rows that are 16-byte multiples: zero-pad K and N
+    if k % 8 or n % 8:  # the grouped kernels read 16-byte rows (TMA, cp.async): pad K and N
         return mlir.lower_fun(functools.partial(_padded, **params), multiple_results=True)(
             ctx, a, b, gs, *bias)
     (d_aval,) = ctx.avals_out
@@ -230,8 +233,8 @@ def _cuda_lowering(ctx, a, b, gs, *bias, mode, transpose_b, out_dtype, activatio
 
 def _padded(a, b, gs, *bias, mode, transpose_b, plan, **params):
     """The product on operands whose K and N are zero-padded to multiples of 8 (16 bytes of a
-    16-bit element: what the grouped kernel's TMA reads need), d cut back. Zeros in K add
-    nothing; the padded columns of d are dropped."""
+    16-bit element: what the grouped kernels' TMA and cp.async reads need), d cut back. Zeros
+    in K add nothing; the padded columns of d are dropped."""
     m, n, k, _ = _dims(a.shape, b.shape, mode, transpose_b)
     pk, pn = -k % 8, -n % 8
     a = jnp.pad(a, ((0, 0), (0, pk)))

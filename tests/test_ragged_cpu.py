@@ -39,6 +39,9 @@ DGRAD = RDN((([1], [2]), ([], [])), [0], [0])    # lhs (M, N), rhs (G, K, N) -> 
 WGRAD = RDN((([0], [0]), ([], [])), [0], [])     # lhs (M, K), rhs (M, N) -> (G, K, N)
 M, K, N, G = 37, 24, 20, 5  # no tile multiples
 SM90 = next((c.name for c in configs.CONFIGS if c.kind == "sm90"), "sm90_any")  # an override
+SM80 = next((c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged), "sm80_any")
+needs_module = pytest.mark.skipif(not _ffi.available(), reason="the config table is the CUDA "
+                                  "extension's (jax_tcgemm._tcgemm), which is not built here")
 S = jax.ShapeDtypeStruct
 
 
@@ -299,8 +302,13 @@ ERRORS = [  # (thunk, exception, message pattern)
                        jnp.ones((G,), jnp.int32), jnp.ones((G, N), F16)), ValueError,
      r"bias must be float32 \(G, N\)"),
     (lambda: rg.ragged(jnp.ones((M, K), F16), jnp.ones((G, K, N), F16),
-                       jnp.ones((G,), jnp.int32), config=3), ValueError, "must name an sm90"),
-]
+                       jnp.ones((G,), jnp.int32), config=3), ValueError,
+     "must name a config with grouped kernels"),
+] + ([(lambda: rg.ragged(jnp.ones((M, K), F16), jnp.ones((G, K, N), F16),
+                         jnp.ones((G,), jnp.int32), config=name), ValueError,
+       "must name a config with grouped kernels")
+      for name in [next(c.name for c in configs.CONFIGS if not c.ragged)]]
+     if configs.CONFIGS else [])
 
 
 @pytest.mark.parametrize("i", range(len(ERRORS)))
@@ -470,25 +478,89 @@ def _ragged_calls(text):
     return calls
 
 
-def test_cuda_lowering_attributes_with_config_override():
+@pytest.mark.parametrize("cfg", [SM90, SM80], ids=["sm90", "sm80"])
+def test_cuda_lowering_attributes_with_config_override(cfg):
     """The FFI call of the kernel contract, written from this CPU host (a config override
-    needs neither the GPU nor the extension): operands, attributes and the result type."""
+    needs neither the GPU nor the extension): operands, attributes and the result type; for
+    a row of either kernel family."""
     a, b = S((100, 64), BF16), S((4, 48, 64), BF16)
     g, bias = S((4,), np.int32), S((4, 48), F32)
     f = lambda *x: rg.ragged(*x, transpose_b=True, activation="gelu_tanh",  # noqa: E731
-                             out_dtype=F32, config=SM90)
+                             out_dtype=F32, config=cfg)
     text = jax.jit(f).trace(a, b, g, bias).lower(lowering_platforms=("cuda",)).as_text()
     ((attrs, line),) = _ragged_calls(text)
-    assert attrs == {"activation": "3", "config": SM90, "has_bias": "true", "mode": "0",
+    assert attrs == {"activation": "3", "config": cfg, "has_bias": "true", "mode": "0",
                      "transpose_b": "true"}
     assert ("(tensor<100x64xbf16>, tensor<4x48x64xbf16>, tensor<4xi32>, tensor<4x48xf32>) -> "
             "tensor<100x48xf32>") in line
-    w = lambda x, y, gg: rg.ragged(x, y, gg, mode=1, out_dtype=BF16, config=SM90)  # noqa: E731
+    w = lambda x, y, gg: rg.ragged(x, y, gg, mode=1, out_dtype=BF16, config=cfg)  # noqa: E731
     text = jax.jit(w).trace(S((100, 64), F16), S((100, 48), F16), g).lower(
         lowering_platforms=("cuda",)).as_text()
     ((attrs, line),) = _ragged_calls(text)
     assert attrs["mode"] == "1" and attrs["has_bias"] == "false" and attrs["activation"] == "0"
     assert "-> tensor<4x64x48xbf16>" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner: which family runs grouped products on which GPU.
+
+@pytest.mark.parametrize("arch,kind", [((9, 0), "sm90"), ((8, 0), "sm80"), ((8, 6), "sm80"),
+                                       ((8, 9), "sm80"), ((10, 0), "sm80"), ((12, 0), "sm80"),
+                                       ((7, 5), None), ((7, 0), None), (None, None)], ids=str)
+def test_ragged_kind_by_arch(arch, kind):
+    """sm90 on 9.0, the sm80 kernels on every other GPU from 8.0 on, none below 8.0 or when
+    the device is not known (the lax lowering)."""
+    assert configs.ragged_kind(arch) == kind
+    if kind is None:  # no grouped kernel: no plan (this needs no config table)
+        assert configs.plan_ragged(1000, 72, 200, 5, BF16, 0, arch=arch) is None
+
+
+PLAN_SHAPES = [(1000, 72, 200, 5, 0), (1000, 72, 200, 5, 1), (8192, 14336, 4096, 8, 0),
+               (16384, 1408, 2048, 64, 0), (16384, 1408, 2048, 64, 1), (512, 14336, 4096, 8, 0),
+               (1024, 256, 1024, 64, 0), (64, 64, 64, 64, 0), (1, 8, 8, 1, 1)]
+
+
+@needs_module
+@pytest.mark.parametrize("arch", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0)], ids=str)
+def test_plan_ragged_picks_a_grouped_row_of_the_family(arch):
+    """plan_ragged names a row with grouped kernels (Config.ragged, the module's
+    HasRaggedKernels) of ragged_kind(arch): an sm80 row off Hopper, an sm90 row on 9.0; the
+    dispatcher runs either without a K split."""
+    picked = set()
+    for m, n, k, g, mode in PLAN_SHAPES:
+        name = configs.plan_ragged(m, n, k, g, BF16, mode, arch=arch)
+        c = configs.BY_NAME[name]
+        assert c.ragged and c.kind == configs.ragged_kind(arch), (arch, m, n, k, g, mode, name)
+        picked.add(name)
+    if arch != (9, 0):  # every sm80 grouped kernel is some shape's pick (none is dead code)
+        assert picked == {c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged}
+        assert configs.BY_NAME[configs.plan_ragged(8192, 14336, 4096, 8, arch=arch)].bm >= 128
+        assert configs.BY_NAME[configs.plan_ragged(1024, 256, 1024, 64, arch=arch)].bm == 64
+
+
+@needs_module
+def test_grouped_rows_of_the_table():
+    """Every sm90 row runs grouped products; of the sm80 rows, those of BK 32, BM >= 64 and
+    BM <= BN (HasRaggedKernels): one per tile size the cost model tells apart."""
+    assert all(c.ragged for c in configs.CONFIGS if c.kind == "sm90")
+    sm80 = {c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged}
+    assert sm80 == {"sm80_128x256x32_s4_w2x4", "sm80_128x128x32_s4_w2x2",
+                    "sm80_64x64x32_s4_w2x2"}, sm80
+
+
+@needs_module
+def test_cuda_lowering_off_hopper_is_the_sm80_kernel(monkeypatch):
+    """Lowered for a compute capability 8.x device, every form is one tcgemm_ragged call with
+    the planner's sm80 row (no lax fallback)."""
+    monkeypatch.setattr(configs, "device_arch", lambda: (8, 6))
+    for mode, tb in ((0, False), (0, True), (1, False)):
+        b = S((300, 72), BF16) if mode == 1 else S((5, 72, 200) if tb else (5, 200, 72), BF16)
+        text = jax.jit(lambda a, b, g: rg.ragged(a, b, g, mode=mode, transpose_b=tb)).trace(
+            S((300, 200), BF16), b, S((5,), np.int32)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        ((attrs, _),) = _ragged_calls(text)
+        assert configs.BY_NAME[attrs["config"]].kind == "sm80", (mode, tb, attrs)
+        assert attrs["config"] == configs.plan_ragged(300, 72, 200, 5, BF16, mode, tb, (8, 6))
 
 
 @pytest.mark.skipif(_ffi.available(), reason="the extension is built: planning works")

@@ -8,6 +8,11 @@ kernel output (all but the gradients) is written into NaN-poisoned donated buffe
 (conftest.poisoned_twice / poisoned): an element the kernel never writes (a row past the sum of
 the sizes, an empty group's weight gradient) stays NaN, and the two runs must agree bitwise.
 
+Both kernel families: the tests of the kernel (forms, bias + activation, edge sizes, the fuzz)
+run every case once with the planner's row (sm90 on an H100/H200, an sm80 row elsewhere) and
+once forced onto each sm80 row with grouped kernels (CONFIGS: the sm80 kernels run on any
+GPU from sm_80 on, the H100 included), so that an H100 run checks both families.
+
 - test_forms_dtypes: forward (rhs (G, K, N)), dgrad ((G, N, K): transpose_b) and wgrad
   (mode 1) x float16 / bfloat16 in x float16 / bfloat16 / float32 out, on unaligned shapes
   (K = 200, N = 72, sizes no multiple of 64 or 128, empty groups, sum < M), G = 1 and G = 64.
@@ -16,12 +21,14 @@ the sizes, an empty group's weight gradient) stays NaN, and the two runs must ag
   (traced: the kernel's clamping; nothing out of bounds).
 - test_grad_*: gradients against lax.ragged_dot on the GPU and float64; through the epilogue.
 - test_vmap_folded, test_export_round_trip.
-- test_fuzz: TCGEMM_RAGGED_FUZZ_CASES (default 1200) random group-size vectors (Dirichlet
+- test_fuzz: TCGEMM_RAGGED_FUZZ_CASES (default 2400) random group-size vectors (Dirichlet
   sizes of random skew, random empty groups, sums below, at and above M, some negative) over
   fixed shapes, one compiled function per (shape, form, dtype, out dtype) called with each
   sizes array (device data): within bounds of float64, within twice the bound of
   lax.ragged_dot_general's result on the GPU (sizes >= 0), zeros past the sum, 0 failures.
-  TCGEMM_RAGGED_FUZZ_SEED picks the vectors.
+  TCGEMM_RAGGED_FUZZ_SEED picks the vectors. Even cases run on the planner's row, odd ones
+  on the sm80 grouped rows in turn: on an H100 half the vectors (1200 by default) check
+  each family.
 """
 from __future__ import annotations
 
@@ -48,8 +55,15 @@ F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.floa
 IN_DTYPES, OUT_DTYPES = (F16, BF16), (F16, BF16, F32)
 ACTS = (None, "relu", "gelu", "gelu_tanh", "silu")
 FORMS = {"forward": (0, False), "dgrad": (0, True), "wgrad": (1, False)}  # (mode, transpose_b)
-FUZZ_CASES = int(os.environ.get("TCGEMM_RAGGED_FUZZ_CASES", "1200"))
+FUZZ_CASES = int(os.environ.get("TCGEMM_RAGGED_FUZZ_CASES", "2400"))
 FUZZ_SEED = int(os.environ.get("TCGEMM_RAGGED_FUZZ_SEED", "0"))
+# None: the planner's row (configs.plan_ragged); then every sm80 row with grouped kernels
+SM80_RAGGED = [c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged]
+CONFIGS = [None] + SM80_RAGGED
+
+
+def cfg_id(c):
+    return c or "planned"
 
 
 def host_rand(parts, shape, dtype, scale=1.0):
@@ -109,11 +123,12 @@ def random_sizes(rng, m, g, kind):
     return s.astype(np.int32)
 
 
-def test_grouped_kernel_runs_on_hopper():
-    """On compute capability 9.0 every form lowers to the tcgemm_ragged custom call with the
-    planner's sm90 config (elsewhere configs.plan_ragged names none and lax computes)."""
+def test_grouped_kernel_runs_on_this_gpu():
+    """On every GPU from sm_80 on each form lowers to the tcgemm_ragged custom call with the
+    planner's config, of the family configs.ragged_kind names (sm90 on 9.0, else sm80)."""
     arch = configs.device_arch()
-    if arch is None or tuple(arch[:2]) != (9, 0):
+    kind = configs.ragged_kind(arch)
+    if kind is None:
         pytest.skip(f"no grouped kernel on compute capability {arch}: the lax path runs")
     S = jax.ShapeDtypeStruct
     for form, (mode, tb) in FORMS.items():
@@ -121,7 +136,8 @@ def test_grouped_kernel_runs_on_hopper():
         text = jax.jit(lambda a, b, g: ragged(a, b, g, mode=mode, transpose_b=tb)).lower(
             S((300, 200), BF16), b, S((5,), np.int32)).as_text()
         assert text.count("stablehlo.custom_call @tcgemm_ragged(") == 1, form
-        assert configs.plan_ragged(300, 72, 200, 5, BF16, mode, tb) in text, form
+        name = configs.plan_ragged(300, 72, 200, 5, BF16, mode, tb)
+        assert name in text and configs.BY_NAME[name].kind == kind, (form, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +148,7 @@ SHAPES = [  # (tag, M, K, N, sizes)
     ("odd_kn", 300, 100, 50, [0, 67, 131, 0, 59]),              # K, N not 16-byte rows: padded
     ("g1", 130, 200, 72, [97]),
     ("g64", 1000, 136, 72, None),                                # 64 groups, see below
+    ("wide", 700, 264, 520, [0, 300, 1, 0, 250, 100]),           # N > 256, several k tiles
 ]
 
 
@@ -142,23 +159,26 @@ def shape_sizes(tag, m, sizes):
     return random_sizes(rng, m - 10, 64, "sum")  # some empty, sum M - 10
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=cfg_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
 @pytest.mark.parametrize("form", list(FORMS))
-def test_forms_dtypes(form, shape):
+def test_forms_dtypes(form, shape, config):
     tag, m, k, n, sizes = shape
     gs = shape_sizes(tag, m, sizes)
     mode, tb = FORMS[form]
     cases = []
     for dt, od in itertools.product(IN_DTYPES, OUT_DTYPES):
         a, b = form_operands(form, m, k, n, len(gs), dt, (tag, od.name))
-        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od)  # noqa: E731
-        cases.append((f"{form} {tag} {dt}->{od}", fn, (a, b, gs), form_ref(form, a, b, gs), od,
-                      form_k(form, a, m), 1.0))
+        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od,  # noqa: E731
+                                           config=config)
+        cases.append((f"{form} {tag} {dt}->{od} [{cfg_id(config)}]", fn, (a, b, gs),
+                      form_ref(form, a, b, gs), od, form_k(form, a, m), 1.0))
     check(cases)
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=cfg_id)
 @pytest.mark.parametrize("tb", [False, True], ids=["KN", "NK"])
-def test_bias_activation(tb):
+def test_bias_activation(tb, config):
     """act(a[rows of g] @ op(b[g]) + bias[g]) in float32, rounded once; rows past the sum
     zeros (not act(bias))."""
     m, k, n, gs = 300, 200, 72, np.asarray([0, 67, 131, 0, 59], np.int32)
@@ -168,10 +188,10 @@ def test_bias_activation(tb):
         b = host_rand(("bb", act, od.name, tb), (5, n, k) if tb else (5, k, n), dt)
         bias = host_rand(("bbias", act, od.name, tb), (5, n), F32)
         fn = lambda a, b, g, bias, act=act, od=od: ragged(  # noqa: E731
-            a, b, g, bias, transpose_b=tb, activation=act, out_dtype=od)
+            a, b, g, bias, transpose_b=tb, activation=act, out_dtype=od, config=config)
         want = ragged64(a, b, gs, tb=tb, bias=bias, act=act)
-        cases.append((f"bias+{act} {dt}->{od}", fn, (a, b, gs, bias), want, od, k,
-                      ACT_LIPSCHITZ))
+        cases.append((f"bias+{act} {dt}->{od} [{cfg_id(config)}]", fn, (a, b, gs, bias), want,
+                      od, k, ACT_LIPSCHITZ))
     check(cases)
 
 
@@ -185,8 +205,9 @@ EDGE_SIZES = {
 }
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=cfg_id)
 @pytest.mark.parametrize("form", list(FORMS))
-def test_edge_group_sizes(form):
+def test_edge_group_sizes(form, config):
     """Sizes as device data (traced): the kernel's clamping, never out of bounds."""
     m, k, n = 200, 72, 40
     mode, tb = FORMS[form]
@@ -195,9 +216,10 @@ def test_edge_group_sizes(form):
         gs = np.asarray(sizes, np.int32)
         a, b = form_operands(form, m, k, n, len(gs), dt, ("edge", name))
         od = F32 if name != "over_m" else dt
-        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od)  # noqa: E731
-        cases.append((f"{form} {name}", fn, (a, b, gs), form_ref(form, a, b, gs), od,
-                      form_k(form, a, m), 1.0))
+        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od,  # noqa: E731
+                                           config=config)
+        cases.append((f"{form} {name} [{cfg_id(config)}]", fn, (a, b, gs),
+                      form_ref(form, a, b, gs), od, form_k(form, a, m), 1.0))
     check(cases)
 
 
@@ -302,14 +324,16 @@ def test_fuzz():
     combos = list(itertools.product(range(len(FUZZ_SHAPES)), FORMS, IN_DTYPES, OUT_DTYPES))
     compiled, fails = {}, []
     for i in range(FUZZ_CASES):
-        si, form, dt, od = combos[i % len(combos)]
+        j = i // 2  # even i: the planner's row; odd: the sm80 grouped rows, one per cycle
+        si, form, dt, od = combos[j % len(combos)]
+        cfg = None if i % 2 == 0 else SM80_RAGGED[j // len(combos) % len(SM80_RAGGED)]
         m, k, n, g = FUZZ_SHAPES[si]
-        key = (si, form, dt, od)
-        if key not in compiled or i % (7 * len(combos)) < len(combos):  # fresh inputs often
+        key = (si, form, dt, od, cfg)
+        if key not in compiled or j % (7 * len(combos)) < len(combos):  # fresh inputs often
             mode, tb = FORMS[form]
             a, b = form_operands(form, m, k, n, g, dt, ("fuzz", FUZZ_SEED, i))
-            fn = lambda a, b, gg, mode=mode, tb=tb, od=od: [ragged(  # noqa: E731
-                a, b, gg, mode=mode, transpose_b=tb, out_dtype=od)]
+            fn = lambda a, b, gg, mode=mode, tb=tb, od=od, cfg=cfg: [ragged(  # noqa: E731
+                a, b, gg, mode=mode, transpose_b=tb, out_dtype=od, config=cfg)]
             ops = (jnp.asarray(a), jnp.asarray(b))
             avals = jax.eval_shape(fn, *ops, jax.ShapeDtypeStruct((g,), np.int32))
             run, lax_fn = compiled[key][2:4] if key in compiled else (poisoned(
@@ -330,7 +354,8 @@ def test_fuzz():
         zero_tail = FORMS[form][0] == 1 or not np.any(out[live:].astype(np.float32))
         if (np.isnan(out.astype(np.float32)).any() or not err <= lim or not zero_tail
                 or not vs_lax <= 2 * lim):
-            fails.append(f"case {i} ({form}, {dt}->{od}, M K N G = {m} {k} {n} {g}, {kind} "
+            fails.append(f"case {i} ({form}, {dt}->{od}, {cfg_id(cfg)}, M K N G = {m} {k} {n} "
+                         f"{g}, {kind} "
                          f"sizes {gs.tolist()}): rel err {err:.3g} (bound {lim:.3g}), vs "
                          f"lax.ragged_dot_general {vs_lax:.3g}, zeros past the sum: {zero_tail}")
     assert not fails, f"{len(fails)} of {FUZZ_CASES} fuzz cases failed:\n" + "\n".join(

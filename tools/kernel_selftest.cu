@@ -2,7 +2,8 @@
 // config x layout x input type x output type on aligned and unaligned shapes; every config x
 // split (1, 2, 4, 16: sm_90 reduces 2 and 4 in a cluster, 16 through the workspace) x fused
 // epilogue (C in every broadcast form and type, bias, activations, alpha / beta as attributes
-// or from device memory, the pre-activation to aux); the dact kernel; then the time of large
+// or from device memory, the pre-activation to aux); the dact kernel; grouped (ragged)
+// products on both kernel families (tools/selftest_ragged.cu); then the time of large
 // square products. Build: tools/sanitize.sh (SANITIZE_TOOLS="" to skip compute-sanitizer)
 // compiles ffi/kernels/*/*.cu (kernels_sm90.cu with -gencode=arch=compute_90a,code=sm_90a, the
 // others -arch=sm_90), ffi/host/gemm_dispatch.cc and tools/*.cu, each with
@@ -18,7 +19,8 @@
 //                             rotating so that every kernel path (sm80, sm90, cluster pull and
 //                             push, workspace + reduce on sm80 and sm90 rows, pack) meets every
 //                             epilogue kind; K = 0, 1x1x1 and 520-element rows per config; the
-//                             dact kernel. (--sanitize: the same.)
+//                             dact kernel; grouped (ragged) products on every row with grouped
+//                             kernels (tools/selftest_ragged.cu). (--sanitize: the same.)
 //   selftest --timings        the timings only
 //   selftest --time B M N K [SPLIT...]  per-launch time under graph replay (env: TIME_NT: layout
 //                             NT; TIME_PACK: the packing alone too; TIME_NOPACK: 16-byte-multiple
@@ -321,6 +323,7 @@ int main(int argc, char** argv) {
   if (!quick) plain_cases(cc, t);
   epilogue_cases(quick, cc, t);
   dact_cases(quick, t);
+  ragged_cases(quick, cc, t);
   coverage_report(cc, t);
   if (quick) CK(cudaDeviceReset());  // lets memcheck's leak check see every allocation released
   if (mode.empty()) timings();

@@ -1,9 +1,13 @@
-"""Quick GPU check of the grouped (ragged) kernel through its raw FFI target, with a float64
-reference, and one timing per bench shape against lax.ragged_dot and the dense batched product
-(``python tools/ragged_check.py``). Cases: both modes (rows: forward / dgrad with transpose_b;
-contraction: wgrad), empty and skewed groups, sizes that are no tile multiple, a sum below M,
-oversized and negative sizes (the kernel's clamping), bias + activation. Prints one line per
-case and exits non-zero on any failure. Not a unit test (tests/test_ragged_gpu.py has those).
+"""Quick GPU check of the grouped (ragged) kernels through their raw FFI target, with a float64
+reference, and (--time) one timing per bench shape against lax.ragged_dot and the dense batched
+product (``python tools/ragged_check.py [--quick] [--time]``). Cases: both modes (rows: forward
+/ dgrad with transpose_b; contraction: wgrad), empty and skewed groups, sizes that are no tile
+multiple, a sum below M, oversized and negative sizes (the kernels' clamping), bias +
+activation, float32 out; each on the planner's row and forced onto every sm80 row with grouped
+kernels (both kernel families on an H100). --quick: one input type and no large shapes (for
+``compute-sanitizer python3 tools/ragged_check.py --quick``: every family and mode still runs).
+Prints one line per case and exits non-zero on any failure. Not a unit test
+(tests/test_ragged_gpu.py has those).
 """
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ def ref(a, b, sizes, mode, transpose_b, bias, act):
 
 
 def check(name, m, k, n, sizes, mode, dtype=jnp.bfloat16, transpose_b=False, out_dtype=None,
-          bias=False, act=None, seed=0):
+          bias=False, act=None, seed=0, config=None):
     key = jax.random.key(seed)
     ka, kb, kc = jax.random.split(key, 3)
     g = len(sizes)
@@ -79,7 +83,8 @@ def check(name, m, k, n, sizes, mode, dtype=jnp.bfloat16, transpose_b=False, out
         b = jax.random.normal(kb, (m, n), jnp.float32).astype(dtype)
     bv = jax.random.normal(kc, (g, n), jnp.float32) * 0.5 if bias else None
     sz = jnp.asarray(np.asarray(sizes, np.int32))
-    out = call(a, b, sz, mode=mode, transpose_b=transpose_b, out_dtype=out_dtype, bias=bv, act=act)
+    out = call(a, b, sz, mode=mode, transpose_b=transpose_b, out_dtype=out_dtype, bias=bv, act=act,
+               config=config)
     out = np.asarray(out.astype(jnp.float32), np.float64)
     r = ref(a, b, sz, mode, transpose_b, bv, act)
     err = np.linalg.norm(out - r) / max(np.linalg.norm(r), 1e-30)
@@ -90,7 +95,8 @@ def check(name, m, k, n, sizes, mode, dtype=jnp.bfloat16, transpose_b=False, out
         total = bounds(sz, m)[-1][1] if g else 0
         zero_ok = bool(np.all(out[total:] == 0))
     ok = np.isfinite(err) and err <= tol and zero_ok
-    print(f"{'ok ' if ok else 'FAIL'} {name:34s} rel_err {err:.2e} (tol {tol:.0e})"
+    cfg = str(config or configs.plan_ragged(m, n, k, g, dtype, mode, transpose_b))
+    print(f"{'ok ' if ok else 'FAIL'} {name:34s} {cfg:26s} rel_err {err:.2e} (tol {tol:.0e})"
           f"{'' if zero_ok else ' rows past the groups not zero'}", flush=True)
     return ok
 
@@ -127,25 +133,36 @@ def timing(name, m, k, n, g, sizes=None, reps=10):
 
 
 def main() -> int:
+    quick = "--quick" in sys.argv
+    dtypes = (jnp.bfloat16,) if quick else (jnp.bfloat16, jnp.float16)
+    # None: the planner's row (sm90 on compute capability 9.0, else sm80); then every sm80
+    # row with grouped kernels, forced (they run on any GPU from sm_80 on)
+    families = [None] + [c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged]
     ok = True
-    for mode, tb in ((0, False), (0, True), (1, False)):
-        tag = f"mode{mode}{'T' if tb else ''}"
-        for dt in (jnp.bfloat16, jnp.float16):
-            d = np.dtype(dt).name
-            ok &= check(f"{tag} {d} equal", 512, 256, 384, [128] * 4, mode, dt, tb)
-            ok &= check(f"{tag} {d} ragged", 1000, 200, 72, [0, 37, 300, 1, 0, 400, 200, 62], mode, dt, tb)
-            ok &= check(f"{tag} {d} sum<M", 777, 136, 264, [100, 0, 250, 3], mode, dt, tb)
-        ok &= check(f"{tag} over M", 300, 64, 128, [200, 200, 200], mode, transpose_b=tb)
-        ok &= check(f"{tag} negative", 300, 64, 128, [100, -5, 150], mode, transpose_b=tb)
-        ok &= check(f"{tag} G=1", 333, 128, 256, [333], mode, transpose_b=tb)
-        ok &= check(f"{tag} G=64", 4096, 128, 136, list(np.random.default_rng(0).multinomial(
-            4096, np.ones(64) / 64)), mode, transpose_b=tb)
-        ok &= check(f"{tag} f32 out", 640, 192, 256, [64, 320, 0, 256], mode, transpose_b=tb,
-                    out_dtype=jnp.float32)
-    for act in (None, "relu", "gelu_tanh"):
-        ok &= check(f"bias {act}", 900, 256, 520, [300, 0, 250, 350], 0, bias=True, act=act)
+    for cfg in families:
+        kw = dict(config=cfg)
+        for mode, tb in ((0, False), (0, True), (1, False)):
+            tag = f"mode{mode}{'T' if tb else ''}"
+            for dt in dtypes:
+                d = np.dtype(dt).name
+                ok &= check(f"{tag} {d} equal", 512, 256, 384, [128] * 4, mode, dt, tb, **kw)
+                ok &= check(f"{tag} {d} ragged", 1000, 200, 72, [0, 37, 300, 1, 0, 400, 200, 62],
+                            mode, dt, tb, **kw)
+                ok &= check(f"{tag} {d} sum<M", 777, 136, 264, [100, 0, 250, 3], mode, dt, tb, **kw)
+            ok &= check(f"{tag} over M", 300, 64, 128, [200, 200, 200], mode, transpose_b=tb, **kw)
+            ok &= check(f"{tag} negative", 300, 64, 128, [100, -5, 150], mode, transpose_b=tb,
+                        **kw)
+            ok &= check(f"{tag} G=1", 333, 128, 256, [333], mode, transpose_b=tb, **kw)
+            if not quick:
+                ok &= check(f"{tag} G=64", 4096, 128, 136, list(np.random.default_rng(0).multinomial(
+                    4096, np.ones(64) / 64)), mode, transpose_b=tb, **kw)
+            ok &= check(f"{tag} f32 out", 640, 192, 256, [64, 320, 0, 256], mode, transpose_b=tb,
+                        out_dtype=jnp.float32, **kw)
+        for act in (None, "relu", "gelu_tanh"):
+            ok &= check(f"bias {act}", 900, 256, 520, [300, 0, 250, 350], 0, bias=True, act=act,
+                        **kw)
     print("ALL OK" if ok else "FAILURES", flush=True)
-    if "--time" in sys.argv:
+    if "--time" in sys.argv and not quick:
         timing("ragged_g8", 8192, 4096, 14336, 8)
         timing("ragged_g64", 16384, 2048, 1408, 64)
         timing("ragged_g8_small", 512, 4096, 14336, 8)

@@ -5,7 +5,8 @@
 #   2. runs the full self-test natively (plain, epilogue, dact and coverage checks; timings);
 #   3. runs `selftest --quick` natively (it must pass on its own), then under each tool
 #      (default memcheck and racecheck): every kernel family (sm80 and sm90 configs, cluster
-#      pull / push split-K, workspace split-K + reduction, pack, dact) x every epilogue kind;
+#      pull / push split-K, workspace split-K + reduction, pack, dact) x every epilogue kind,
+#      and grouped (ragged) products on both families (tools/selftest_ragged.cu);
 #   4. prints a summary: each step's `N passed, M failed`, each tool's error count, times.
 # Exit 0 if everything passed with 0 sanitizer errors, 1 on any failure (build, self-test, a
 # tool's errors), 2 if compute-sanitizer is missing or cannot attach to the GPU.
@@ -95,7 +96,7 @@ F=(-std=c++17 -O3 -lineinfo --expt-relaxed-constexpr "--split-compile=${SPLIT_CO
 echo "== build ($TCGEMM_ARCH, $JOBS jobs)"
 t0=$SECONDS
 srcs=("$REPO"/ffi/kernels/*/*.cu "$REPO/ffi/host/gemm_dispatch.cc" "$REPO/tools/kernel_selftest.cu"
-      "$REPO/tools/selftest_epilogue.cu")
+      "$REPO/tools/selftest_epilogue.cu" "$REPO/tools/selftest_ragged.cu")
 [ "$(cat "$BUILD/arch" 2>/dev/null)" = "$TCGEMM_ARCH" ] || rm -f "$BUILD"/*.o "$BUILD/selftest"
 echo "$TCGEMM_ARCH" >"$BUILD/arch"
 for o in "$BUILD"/*.o; do  # objects of sources that no longer exist

@@ -159,4 +159,13 @@ void epilogue_cases(bool quick, int cc, Tally& t);
 void dact_cases(bool quick, Tally& t);
 void coverage_report(int cc, Tally& t);
 
+// The activation in float64 (tools/selftest_epilogue.cu).
+double act_ref(Activation a, double x);
+
+// tools/selftest_ragged.cu: grouped (ragged) products through LaunchGemm on every row with
+// grouped kernels this GPU runs (the sm80 rows everywhere, the sm90 rows on 9.0): rows (B N- or
+// K-major) and contraction, empty / skewed / oversized / negative sizes, a sum below M, bias +
+// activation, every output type; D poisoned, rows past the last group must be zeros.
+void ragged_cases(bool quick, int cc, Tally& t);
+
 }  // namespace selftest

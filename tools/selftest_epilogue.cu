@@ -19,11 +19,7 @@ const EpiKind kEpiKinds[] = {
 };
 const int kNumEpiKinds = static_cast<int>(sizeof(kEpiKinds) / sizeof(kEpiKinds[0]));
 
-namespace {
-
 constexpr double kPi = 3.14159265358979323846;
-const char* const kLayouts[] = {"NN", "NT", "TN", "TT"};
-const char* const kActNames[] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
 
 double act_ref(Activation a, double x) {
   switch (a) {
@@ -36,6 +32,11 @@ double act_ref(Activation a, double x) {
   }
   return x;
 }
+
+namespace {
+
+const char* const kLayouts[] = {"NN", "NT", "TN", "TT"};
+const char* const kActNames[] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
 
 double act_grad_ref(Activation a, double x) {
   switch (a) {

@@ -71,6 +71,18 @@ constexpr int ElementLoadsRow(int cfg) {
   return -1;
 }
 
+// Whether config cfg runs grouped (ragged) products (host/gemm_params.h, RaggedParams): every
+// sm90 row (its persistent scheduler), and the sm80 rows with BK = 32, BM >= 64 and BM <= BN
+// (128x256, 128x128, 64x64: one of each tile size the cost model tells apart; BK = 32 wastes
+// less of a contraction group's last k tile), whose grouped kernels
+// (kernels/sm80/kernels_ragged_*.cu) run on every GPU from sm_80 on. The planner picks among
+// these rows (configs.plan_ragged reads this through the config table).
+constexpr bool HasRaggedKernels(int cfg) {
+  const GemmConfig& c = kConfigs[cfg];
+  return c.kind == Kind::kSm90 ||
+         (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
+}
+
 // Names of all configs, in table order; built once.
 inline const std::array<std::string, kNumConfigs>& ConfigNames() {
   static const std::array<std::string, kNumConfigs> names = [] {

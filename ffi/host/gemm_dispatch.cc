@@ -15,6 +15,7 @@ constexpr int kMaxDevices = 64;
 
 // One bit per device: cudaFuncAttributeMaxDynamicSharedMemorySize already set for the kernel.
 std::atomic<uint64_t> g_smem_configured[2][kNumConfigs][kVariants];
+std::atomic<uint64_t> g_ragged_smem_configured[2][kNumConfigs][kVariants];  // grouped kernels
 
 std::string CudaError(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
@@ -146,13 +147,22 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // An sm90 row runs the Hopper kernel on compute capability 9.0 when TMA can address both
   // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
-  if (p.ragged.mode != RaggedMode::kNone) {
-    // Grouped products run on the Hopper kernel alone (its scheduler reads the group sizes).
-    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90 || !aligned)
-      return "ragged products need an sm90 config, compute capability 9.0 and operands whose "
-             "rows are 16-byte multiples";
+  const bool ragged = p.ragged.mode != RaggedMode::kNone;
+  if (ragged) {
+    // Grouped products run on the rows with grouped kernels (HasRaggedKernels): sm90 rows on
+    // compute capability 9.0 (the persistent scheduler), sm80 rows on any GPU (one block per
+    // item of the work list); both read the group sizes on the device.
+    if (!HasRaggedKernels(config))
+      return "config " + ConfigNames()[config] + " has no grouped (ragged) kernel";
+    if (kConfigs[config].kind == Kind::kSm90 && dev.cc != 90)
+      return "an sm90 config runs grouped products on compute capability 9.0 only (this GPU: " +
+             std::to_string(dev.cc) + "); name an sm80 config";
+    if (!aligned) return "ragged products need operands whose rows are 16-byte multiples";
+    if (EffectiveSplitK(pr) > 1) return "ragged products run without a K split";
     if (p.ragged.mode == RaggedMode::kContract && (a_kmajor || b_kmajor))
       return "a ragged contraction reads M-major A and N-major B";
+    if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
+      return "ragged rows read K-major A";
   }
   if (kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
@@ -183,21 +193,35 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   }
 
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
-  const KernelEntry k = Sm80Kernel(pr.in_type, config, variant);
-  if (!k.fn) return "no kernel for config " + ConfigNames()[config] + " and this operand alignment";
+  const KernelEntry k = ragged ? Sm80RaggedKernel(pr.in_type, config, variant)
+                               : Sm80Kernel(pr.in_type, config, variant);
+  if (!k.fn)
+    return "no " + std::string(ragged ? "grouped " : "") + "kernel for config " +
+           ConfigNames()[config] + " and this operand layout and alignment";
   // Two slices of a push-reducing config: the other slice stores its tile into the leader's
   // receive slot (8.3 vs 8.6 us for 16 x 4096^2; with 3 to 8 slices the leader alone adding
   // them all is slower than every slice summing a share, 9.9 / 11.3 / 19.1 vs 9.7 / 10.8 /
   // 14.5 us: benchmarks/NOTES.md v20).
   if (p.cluster_reduce && split == 2 && k.push_slot_bytes) p.cluster_reduce = 2;
   const int push_bytes = p.cluster_reduce == 2 ? k.push_slot_bytes : 0;
-  if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes + k.push_slot_bytes,
-                                       g_smem_configured[int(pr.in_type)][config][variant], device);
+  auto& smem_done = ragged ? g_ragged_smem_configured[int(pr.in_type)][config][variant]
+                           : g_smem_configured[int(pr.in_type)][config][variant];
+  if (std::string err = RaiseSmemLimit(k.fn, k.smem_bytes + k.push_slot_bytes, smem_done, device);
       !err.empty())
     return err;
 
-  const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(split),
-                  static_cast<unsigned>(std::min<int64_t>(p.batch, 65535)));
+  // Grouped: one block per item of the work list (kernels/common/ragged.cuh), for the most
+  // items any group sizes can give: rows, at most tiles_m + (groups with rows) tile rows per
+  // tile column (each such group adds at most one partly filled tile row); the contraction,
+  // every group's tiles_m x tiles_n tiles. Blocks past the real list only zero.
+  int64_t blocks = tiles_m * tiles_n;
+  if (p.ragged.mode == RaggedMode::kRows)
+    blocks = (tiles_m + std::min<int64_t>(p.ragged.groups, p.m)) * tiles_n;
+  else if (p.ragged.mode == RaggedMode::kContract)
+    blocks = tiles_m * tiles_n * p.ragged.groups;
+  if (blocks > INT32_MAX) return "problem too large: more than 2^31 thread blocks";
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(split),
+                  static_cast<unsigned>(ragged ? 1 : std::min<int64_t>(p.batch, 65535)));
   void* args[] = {&p};
   cudaLaunchConfig_t launch{};
   launch.gridDim = grid;

@@ -37,6 +37,15 @@ inline KernelEntry Sm80Kernel(InType t, int config, int variant) {
   return ak ? KernelBF16A1(config, variant) : KernelBF16A0(config, variant);
 }
 
+// Defined in kernels/sm80/kernels_ragged_{f16,bf16}.cu: the grouped (ragged) kernels of the
+// sm80 rows with HasRaggedKernels (aligned variants of the rows and contraction layouts; an
+// entry without fn elsewhere).
+KernelEntry RaggedKernelF16(int config, int variant);
+KernelEntry RaggedKernelBF16(int config, int variant);
+inline KernelEntry Sm80RaggedKernel(InType t, int config, int variant) {
+  return t == InType::kF16 ? RaggedKernelF16(config, variant) : RaggedKernelBF16(config, variant);
+}
+
 // Raises kernel fn's dynamic shared-memory limit to `bytes` on `device` once: bit `device` of
 // `done` records it (devices past 63 ask every time). Empty string, or what went wrong.
 std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device);

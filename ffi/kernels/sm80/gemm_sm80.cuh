@@ -29,6 +29,7 @@
 #include "host/gemm_config.h"
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/ragged.cuh"
 #include "host/gemm_params.h"
 #include "ptx/cluster.cuh"
 #include "ptx/cp_async.cuh"
@@ -234,11 +235,14 @@ __device__ __forceinline__ void copy_rows(const GemmParams& p, EpiScale s, float
 
 // Epilogue of a warp tile: the warp parks all of its accumulators as float32 in its private
 // shared area (kWM rows), then streams them out row by row (coalesced): through the epilogue
-// into D, or (split-K through the workspace, p.partial set) raw into slice `slice`'s partials.
+// into D's M x N item `item`, or (split-K through the workspace, p.partial set) raw into the
+// partials' item `item` (slice * batch + z). z: the batch item of C and the bias row. Rows at
+// or past row_end are not stored.
 template <int CFG>
-__device__ __forceinline__ void store_tile(const GemmParams& p, int slice, int64_t z,
+__device__ __forceinline__ void store_tile(const GemmParams& p, int64_t item, int64_t z,
                                            float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
-                                           char* stage, int64_t row0, int64_t col0, int lane) {
+                                           char* stage, int64_t row0, int64_t col0,
+                                           int64_t row_end, int lane) {
   using Tr = ConfigTraits<CFG>;
   constexpr int kQuads = Tr::kWN / 4;
   const int g = lane >> 2, q = lane & 3;
@@ -253,9 +257,8 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, int slice, int64
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
   __syncwarp();
   const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
-  const int64_t item = p.partial ? int64_t(slice) * p.batch + z : z;
   const int64_t off = item * p.m * p.n + r * p.n + c;  // output offset of the lane's first quad
-  const int rows_left = static_cast<int>(min(p.m - r, int64_t(Tr::kWM)));
+  const int rows_left = static_cast<int>(min(row_end - r, int64_t(Tr::kWM)));
   const int cols_left = static_cast<int>(min(p.n - c, int64_t(4)));
   const EpiScale s = epi_scale(p);
   if (p.partial) {
@@ -411,12 +414,15 @@ __device__ __forceinline__ bool cluster_push_reduce(
   return holds;
 }
 
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
+// RAGGED: a grouped product (p.ragged; split 1, no cluster): block x runs item x of the
+// grouped work list (kernels/common/ragged.cuh; blocks past its end only zero), and the rows
+// past the last group are zeroed by all blocks.
+template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED, bool RAGGED = false>
 __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
   using Tr = ConfigTraits<CFG>;
   extern __shared__ __align__(128) char smem[];
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
-  const bool push = Tr::kPushReduce && p.cluster_reduce == 2;
+  const bool push = !RAGGED && Tr::kPushReduce && p.cluster_reduce == 2;
   if (push) ptx::cluster_arrive_relaxed();  // waited for before the first push (the main loop
                                             // hides it): every block of the cluster has started
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
@@ -427,7 +433,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
                            Tr::kThreads, ALIGNED, !B_KMAJOR>;
   constexpr bool kSplitLoads = !ALIGNED && Tr::kSplitElementLoads;
 
-  for (int64_t z = blockIdx.z; z < p.batch; z += gridDim.z) {
+  for (int64_t z = blockIdx.z; z < (RAGGED ? 1 : p.batch); z += gridDim.z) {
     // Everything derived from the thread and block indices is computed here, for every batch
     // item, from special registers read with volatile PTX (ptx/sreg.cuh): the compiler would
     // otherwise hoist it out of this loop and keep it live across the main loop, where the
@@ -452,7 +458,12 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
                             ((pid % group_size) / group_m) * int64_t(Tr::kBN));
     };
     const longlong2 origin = tile_origin();
-    const int64_t m0 = origin.x, n0 = origin.y;
+    RaggedTile rt{};  // RAGGED: this block's item (the epilogue reads it from ragged_tile_slot)
+    if constexpr (RAGGED) {
+      if (!ragged_tile<Tr::kBM, Tr::kBN, Tr::kBK>(p, ptx::ctaid_x(), rt)) break;
+      if (tid == 0) ragged_tile_slot() = rt;
+    }
+    const int64_t m0 = RAGGED ? rt.m0 : origin.x, n0 = RAGGED ? rt.n0 : origin.y;
 
     // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
     // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles
@@ -460,9 +471,11 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     const int split = ptx::ctaid_y();
     const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
     const int kt_begin = split * p.k_tiles_per_split;
-    const int ktiles = max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
-    const int64_t k_begin = int64_t(kt_begin) * Tr::kBK;
-    const int64_t k_end = min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
+    // RAGGED: the item's k range (a contraction group's rows: zeros past its end).
+    const int ktiles = RAGGED ? rt.ktiles : max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
+    const int64_t k_begin = RAGGED ? rt.kbase : int64_t(kt_begin) * Tr::kBK;
+    const int64_t k_end = RAGGED ? rt.kend : min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
+    const int64_t zo = RAGGED ? rt.g : z;  // operand item (ragged: B's group; stride_a is 0)
 
     // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; rows are
     // p.lda / p.ldb elements apart (the contiguous extent, or a packed copy's padded one).
@@ -470,9 +483,9 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
     LoadA load_a;
     LoadB load_b;
-    load_a.init(static_cast<const T*>(p.a) + z * p.stride_a, a_rows, a_cols, p.lda,
+    load_a.init(static_cast<const T*>(p.a) + zo * p.stride_a, a_rows, a_cols, p.lda,
                 A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
-    load_b.init(static_cast<const T*>(p.b) + z * p.stride_b, b_rows, b_cols, p.ldb,
+    load_b.init(static_cast<const T*>(p.b) + zo * p.stride_b, b_rows, b_cols, p.ldb,
                 B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
     auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
       load_a.load_next(a_tile(s));
@@ -552,21 +565,35 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     ptx::cp_async_wait_group<0>();
     __syncthreads();  // the pipeline buffers become the epilogue's staging area
     if constexpr (Tr::kWarpsK > 1) sum_k_groups<CFG>(acc, smem, wk, wm0, wn0, lane);
-    const longlong2 tile = tile_origin();
+    longlong2 tile;  // RAGGED: from the slot (read after the barrier above), else recomputed
+    if constexpr (RAGGED) tile = make_longlong2(ragged_tile_slot().m0, ragged_tile_slot().n0);
+    else tile = tile_origin();
     const bool holds = wk == 0;  // this warp holds the block's sums
 
     if (push) {
       if (z == blockIdx.z) ptx::cluster_wait();
       if (cluster_push_reduce<CFG>(acc, smem, z + gridDim.z < p.batch, holds, wm0, wn0, lane))
-        store_tile<CFG>(p, 0, z, acc, smem + wmn * Tr::kWM * Tr::kEpiRowBytes, tile.x + wm0, tile.y + wn0,
-                        lane);
-    } else if (p.cluster_reduce) {
+        store_tile<CFG>(p, z, z, acc, smem + wmn * Tr::kWM * Tr::kEpiRowBytes, tile.x + wm0,
+                        tile.y + wn0, p.m, lane);
+    } else if (!RAGGED && p.cluster_reduce) {
       cluster_reduce_store<CFG>(p, z, acc, smem, tile.x, tile.y, holds, wm0, wn0, tid);
     } else if (holds) {
       char* stage = smem + wmn * Tr::kWM * Tr::kEpiRowBytes;  // this warp's parking area
-      store_tile<CFG>(p, split, z, acc, stage, tile.x + wm0, tile.y + wn0, lane);
+      if constexpr (RAGGED) {  // rows: the one M x N result; contraction: D's item g
+        const RaggedTile& r = ragged_tile_slot();
+        store_tile<CFG>(p, p.ragged.mode == RaggedMode::kRows ? 0 : r.g, r.g, acc, stage,
+                        tile.x + wm0, tile.y + wn0, r.row_end, lane);
+      } else {
+        store_tile<CFG>(p, p.partial ? int64_t(split) * p.batch + z : z, z, acc, stage,
+                        tile.x + wm0, tile.y + wn0, p.m, lane);
+      }
     }
     __syncthreads();  // staging area is the next batch item's pipeline
+  }
+  if constexpr (RAGGED) {  // rows past the last group: zeros, written by all blocks
+    if (p.ragged.mode == RaggedMode::kRows)
+      ragged_zero_tail(p, int64_t(ptx::ctaid_x()) * Tr::kThreads + ptx::tid_x(),
+                       int64_t(gridDim.x) * Tr::kThreads);
   }
 }
 

@@ -9,9 +9,10 @@
 
 namespace tcgemm {
 
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED>
+template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED, bool RAGGED = false>
 KernelEntry MakeEntry() {
-  return {reinterpret_cast<const void*>(&gemm_sm80_kernel<T, CFG, A_KMAJOR, B_KMAJOR, ALIGNED>),
+  return {reinterpret_cast<const void*>(
+              &gemm_sm80_kernel<T, CFG, A_KMAJOR, B_KMAJOR, ALIGNED, RAGGED>),
           ConfigTraits<CFG>::kThreads, ConfigTraits<CFG>::kSmemBytes,
           ConfigTraits<CFG>::kPushReduce ? ConfigTraits<CFG>::kClusterBytes : 0};
 }
@@ -37,6 +38,33 @@ KernelEntry LookupKernel(int config, int variant, std::integer_sequence<int, CFG
   static const std::array<KernelEntry, kVariants / 2> table[] = {ConfigEntries<T, CFGs, AK>()...};
   return table[config][variant % (kVariants / 2)];
 }
+
+// The grouped (ragged) kernels of config CFG (HasRaggedKernels), for aligned operands only
+// (the caller pads K and N to multiples of 8), indexed by VariantIndex: rows (A K-major, B
+// N-major or K-major) and the contraction (A M-major, B N-major). Empty for other rows.
+template <typename T, int CFG>
+std::array<KernelEntry, kVariants> RaggedEntries() {
+  std::array<KernelEntry, kVariants> t{};
+  if constexpr (kConfigs[CFG].kind == Kind::kSm80 && HasRaggedKernels(CFG)) {
+    t[VariantIndex(true, false, true)] = MakeEntry<T, CFG, true, false, true, true>();
+    t[VariantIndex(true, true, true)] = MakeEntry<T, CFG, true, true, true, true>();
+    t[VariantIndex(false, false, true)] = MakeEntry<T, CFG, false, false, true, true>();
+  }
+  return t;
+}
+
+template <typename T, int... CFGs>
+KernelEntry LookupRaggedKernel(int config, int variant, std::integer_sequence<int, CFGs...>) {
+  static const std::array<KernelEntry, kVariants> table[] = {RaggedEntries<T, CFGs>()...};
+  return table[config][variant];
+}
+
+// The grouped kernels of one operand type: one translation unit each (kernels_ragged_*.cu).
+#define TCGEMM_SM80_RAGGED_KERNELS(NAME, T)                                              \
+  KernelEntry NAME(int config, int variant) {                                           \
+    return LookupRaggedKernel<T>(config, variant,                                       \
+                                 std::make_integer_sequence<int, kNumConfigs>{});        \
+  }
 
 // The kernels of one operand type and one layout of A: one translation unit each
 // (kernels_{f16,bf16}_a{0,1}.cu), so that a parallel build compiles them side by side.

@@ -36,6 +36,7 @@
 #include "host/gemm_config.h"
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/ragged.cuh"
 #include "host/gemm_params.h"
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
@@ -293,39 +294,13 @@ struct Sm90Work {
   }
 };
 
-// Tile `t` of a tm x tn grid of tiles in groups of kGroupM tile rows, column-major inside a
-// group (neighbouring blocks share A rows and B columns in L2) -> (tile row, tile column).
-__device__ __forceinline__ void raster(int64_t t, int64_t tm, int64_t tn, int64_t& mt,
-                                       int64_t& nt) {
-  constexpr int kGroupM = 8;
-  const int64_t group_size = kGroupM * tn;
-  const int64_t first_m = (t / group_size) * kGroupM;
-  const int64_t group_m = min(tm - first_m, int64_t(kGroupM));
-  mt = first_m + (t % group_size) % group_m;
-  nt = (t % group_size) / group_m;
-}
-
 // A block's work list: items blockIdx.x, + gridDim.x, ... in ascending order (the producer and
 // every consumer walk it alike). Plain: output tile x batch item x K slice (the slice
 // outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
-// turn, the group of an item found by walking the device group sizes (Sm90Sched::next).
+// turn, the group of an item found by walking the device group sizes (ragged_tile in
+// kernels/common/ragged.cuh: the rule both kernel families share).
 template <int BM, int BN, int BK>
 struct Sm90Sched {
-  // The clamped size of group g that starts at `start` (a negative size counts as 0; the
-  // groups end at the ragged extent).
-  __device__ static int group_size(const GemmParams& p, int g, int64_t start) {
-    const int64_t extent = p.ragged.mode == RaggedMode::kRows ? p.m : p.k;
-    return static_cast<int>(
-        max(int64_t(0), min(int64_t(__ldg(p.ragged.sizes + g)), extent - start)));
-  }
-
-  // Where the last group ends: the sum of the clamped sizes.
-  __device__ static int64_t ragged_end(const GemmParams& p) {
-    int64_t start = 0;
-    for (int g = 0; g < p.ragged.groups; ++g) start += group_size(p, g, start);
-    return start;
-  }
-
   // Item w into r; false past the end of the list. Grouped lists walk the group sizes from
   // the first group on every call: no state is kept across the main loop, where the
   // consumers' accumulators leave no registers for it (kept in registers, a cursor made ptxas
@@ -352,54 +327,22 @@ struct Sm90Sched {
       r.kvalid = BK;  // past K, TMA reads zeros
       return true;
     }
+    RaggedTile t;
+    if (!ragged_tile<BM, BN, BK>(p, w, t)) return false;
     const bool rows_mode = p.ragged.mode == RaggedMode::kRows;
-    int g = 0, start = 0, size = 0;
-    int64_t w0 = 0;
-    for (;; ++g) {
-      if (g >= p.ragged.groups) return false;
-      size = group_size(p, g, start);
-      const int64_t items =
-          rows_mode ? int64_t(size + BM - 1) / BM * p.tiles_n : int64_t(p.tiles_m) * p.tiles_n;
-      if (w < w0 + items) break;
-      w0 += items;
-      start += size;
-    }
-    int64_t mt, nt;
-    r.slice = 0;
+    r.m0 = t.m0;
+    r.n0 = t.n0;
+    r.z = t.g;
+    r.row_end = t.row_end;
     r.za = 0;
-    r.z = g;
-    if (p.ragged.mode == RaggedMode::kRows) {
-      raster(w - w0, (size + BM - 1) / BM, p.tiles_n, mt, nt);
-      r.m0 = static_cast<int>(start + mt * BM);
-      r.row_end = start + size;
-      r.zb = g;
-      r.kbase = 0;
-      r.ktiles = ktiles_all;
-      r.kvalid = BK;
-    } else {
-      raster(w - w0, p.tiles_m, p.tiles_n, mt, nt);
-      r.m0 = static_cast<int>(mt * BM);
-      r.row_end = static_cast<int>(p.m);
-      r.zb = 0;
-      r.kbase = start;
-      r.ktiles = (size + BK - 1) / BK;
-      r.kvalid = size - (r.ktiles - 1) * BK;
-    }
-    r.n0 = static_cast<int>(nt * BN);
+    r.zb = rows_mode ? t.g : 0;
+    r.slice = 0;
+    r.kbase = t.kbase;
+    r.ktiles = t.ktiles;
+    r.kvalid = t.kvalid;
     return true;
   }
 };
-
-// Zeros bytes [from, to) of `base`, spread over `count` threads of which this is `id`
-// (16-byte stores where aligned).
-__device__ __forceinline__ void zero_bytes(char* base, int64_t from, int64_t to, int64_t id,
-                                           int64_t count) {
-  const int64_t head = min(to, (from + 15) / 16 * 16), body_end = max(head, to / 16 * 16);
-  for (int64_t i = from + id; i < head; i += count) base[i] = 0;
-  for (int64_t i = head + 16 * id; i < body_end; i += 16 * count)
-    *reinterpret_cast<uint4*>(base + i) = make_uint4(0, 0, 0, 0);
-  for (int64_t i = body_end + id; i < to; i += count) base[i] = 0;
-}
 
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
 __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
@@ -574,10 +517,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   }
   if (p.ragged.mode == RaggedMode::kRows) {
     // Rows past the last group are zeros, written by all blocks' consumers.
-    const int64_t bytes = DTypeBytes(p.d_type);
-    zero_bytes(static_cast<char*>(p.d), sched.ragged_end(p) * p.n * bytes, p.m * p.n * bytes,
-               int64_t(blockIdx.x) * 128 * Tr::kConsumers + threadIdx.x - 128,
-               int64_t(gridDim.x) * 128 * Tr::kConsumers);
+    ragged_zero_tail(p, int64_t(blockIdx.x) * 128 * Tr::kConsumers + threadIdx.x - 128,
+                     int64_t(gridDim.x) * 128 * Tr::kConsumers);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for a target without wgmma (not sm_90a): never launched; fail loudly if so
