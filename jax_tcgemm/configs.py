@@ -415,5 +415,5 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     per = max(1, -(-int(m) // g))
     mm, nn, kk = (per, n, k) if mode == 0 else (k, n, per)
     best = min((*estimate(c, 1, mm, nn, kk, g), i) for i, c in enumerate(CONFIGS)
-               if c.kind == kind and c.ragged)
+               if c.kind == kind and c.ragged and not c.pingpong)
     return CONFIGS[best[-1]].name
