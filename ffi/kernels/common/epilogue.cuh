@@ -12,7 +12,6 @@
 //   store_vec<Out>(dst, v, ...)            v converted once and stored
 #pragma once
 #include <cstdint>
-#include <type_traits>
 
 #include "host/gemm_params.h"
 #include "kernels/common/element.cuh"
@@ -35,21 +34,6 @@ __device__ __forceinline__ float activate(Activation a, float x) {
     case Activation::kSilu: return x / (1.0f + expf(-x));
   }
   return x;
-}
-
-// f(std::integral_constant<Activation, a>{}): the activation as a compile-time value, for
-// loops that apply it to many elements (one switch outside them).
-template <typename F>
-__device__ __forceinline__ void with_activation(Activation a, F&& f) {
-  switch (a) {
-    case Activation::kNone: f(std::integral_constant<Activation, Activation::kNone>{}); return;
-    case Activation::kRelu: f(std::integral_constant<Activation, Activation::kRelu>{}); return;
-    case Activation::kGelu: f(std::integral_constant<Activation, Activation::kGelu>{}); return;
-    case Activation::kGeluTanh:
-      f(std::integral_constant<Activation, Activation::kGeluTanh>{});
-      return;
-    case Activation::kSilu: f(std::integral_constant<Activation, Activation::kSilu>{}); return;
-  }
 }
 
 // d act / dx at the pre-activation x (kernels/aux/dact.cu).

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "host/gemm_config.h"
 #include "kernels/common/element.cuh"
@@ -186,49 +187,37 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const f
 // thread owns one 16-byte chunk (4 columns, coalesced with its neighbours') of 8 rows of the
 // panel. Everything it reads from global memory for the panel (the columns' bias, and C's 8 x 4
 // values) is loaded before any of it is used, so a panel waits for one memory round trip, not
-// one per row (under the other warpgroup's TMA traffic a round trip is ~1 us: 32 of them per
-// tile were longer than a ping-pong main loop, benchmarks/NOTES.md v32). The activation is a
-// template argument of the copy-out (one switch per panel, none per element).
-template <typename Out, Activation ACT>
-__device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, const char* epi,
-                                             int64_t z, int64_t d_item, int64_t row0,
-                                             int64_t pc, int64_t row_end, int t) {
-  const EpilogueParams& ep = p.epi;
-  const int q = t & 15, rb = t >> 4;  // chunk q of rows rb, rb + 8, ..., rb + 56
-  const int64_t gc = pc + q * 4;
-  const int cols = static_cast<int>(max(int64_t(0), min(p.n - gc, int64_t(4))));
+// one per row (under the other warpgroup's TMA traffic a round trip is long: 32 of them per
+// tile made the epilogue longer than a ping-pong main loop, benchmarks/NOTES.md v32). The
+// pre-activation values go back to the thread's own places in the panel (unrolled: FMAs only);
+// the activation and the stores then run in a loop that is not unrolled, reading the panel.
+// The panel loop is unrolled, so that each panel's accumulators die once staged.
+template <typename Out>
+__device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, char* epi,
+                                             const float (&cv)[8][4], const float (&colv)[4],
+                                             int64_t d_item, int64_t row0, int64_t gc,
+                                             int64_t row_end, int cols, int t) {
+  const int q = t & 15, rb = t >> 4;
   const bool vec = p.n % 4 == 0;
-  float colv[4];  // bias of the chunk's columns (0 past N)
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-    colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
-  float cv[8][4] = {};  // C of the chunk's rows (0 past M and N)
-  if (ep.c) {
-    with_dtype(ep.c_type, [&](auto c0) {
-      using C = decltype(c0);
-      const C* const c = static_cast<const C*>(ep.c) + z * ep.c_sb + gc * ep.c_sc;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int64_t gr = row0 + rb + 8 * i;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (gr < row_end && j < cols) cv[i][j] = to_float(c[gr * ep.c_sr + j * ep.c_sc]);
-      }
-    });
+  for (int i = 0; i < 8; ++i) {  // pre-activation, in place (this thread's chunks only)
+    float4* const at = reinterpret_cast<float4*>(epi + epi_offset<float>(rb + 8 * i, q * 16));
+    const float4 x = *at;
+    *at = make_float4(s.alpha * x.x + s.beta * cv[i][0] + colv[0],
+                      s.alpha * x.y + s.beta * cv[i][1] + colv[1],
+                      s.alpha * x.z + s.beta * cv[i][2] + colv[2],
+                      s.alpha * x.w + s.beta * cv[i][3] + colv[3]);
   }
-#pragma unroll
+#pragma unroll 1
   for (int i = 0; i < 8; ++i) {
     const int row = rb + 8 * i;
     const int64_t gr = row0 + row;
     if (gr >= row_end || cols == 0) continue;
     const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
     float v[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = s.alpha * v[j] + s.beta * cv[i][j] + colv[j];
     const int64_t off = d_item + gr * p.n + gc;
-    if (ep.aux) store_vec<Out, 4>(static_cast<Out*>(ep.aux) + off, v, cols, vec);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = activate<std::is_same_v<Out, __nv_bfloat16>>(ACT, v[j]);
+    if (p.epi.aux) store_vec<Out, 4>(static_cast<Out*>(p.epi.aux) + off, v, cols, vec);
+    epi_act<4, Out>(p, v);
     store_vec<Out, 4>(static_cast<Out*>(p.d) + off, v, cols, vec);
   }
 }
@@ -237,25 +226,46 @@ template <typename Out, int BN>
 __device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc)[BN / 2],
                                           int64_t z, int64_t d_item, int64_t row0, int64_t col0,
                                           int64_t row_end, int t, char* epi, uint32_t bar) {
-  constexpr int kCols = 64;  // float32 columns per panel
+  constexpr int kPanels = BN / 64;  // of 64 float32 columns
   const int lane = t & 31, warp = t >> 5;
   const int r = warp * 16 + (lane >> 2);
   const EpiScale s = epi_scale(p);
+  const EpilogueParams& ep = p.epi;
+  const int q = t & 15, rb = t >> 4;  // copy-out: chunk q of rows rb, rb + 8, ..., rb + 56
 #pragma unroll
-  for (int panel = 0; panel < BN / kCols; ++panel) {
+  for (int panel = 0; panel < kPanels; ++panel) {
+    const int64_t gc = col0 + panel * 64 + q * 4;
+    const int cols = static_cast<int>(max(int64_t(0), min(p.n - gc, int64_t(4))));
+    float colv[4];  // bias of the chunk's columns (0 past N)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
 #pragma unroll
-    for (int jj = 0; jj < kCols / 8; ++jj) {
-      const int j = panel * (kCols / 8) + jj;
+    for (int jj = 0; jj < 8; ++jj) {
+      const int j = panel * 8 + jj;
       const int byte = (8 * jj + 2 * (lane & 3)) * 4;
       put_pair<float>(epi + epi_offset<float>(r, byte), acc[4 * j], acc[4 * j + 1]);
       put_pair<float>(epi + epi_offset<float>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
     }
+    // loaded once the panel's accumulators are staged (their registers free), in flight while
+    // the barrier waits for the other threads' staging
+    float cv[8][4] = {};  // C of the chunk's rows (0 past M and N)
+    if (ep.c) {
+      with_dtype(ep.c_type, [&](auto c0) {
+        using C = decltype(c0);
+        const C* const c = static_cast<const C*>(ep.c) + z * ep.c_sb + gc * ep.c_sc;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t gr = row0 + rb + 8 * i;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (gr < row_end && j < cols) cv[i][j] = to_float(c[gr * ep.c_sr + j * ep.c_sc]);
+        }
+      });
+    }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
-    const int64_t pc = col0 + panel * kCols;
-    with_activation(p.epi.act, [&](auto act) {
-      epi_copy_out<Out, decltype(act)::value>(p, s, epi, z, d_item, row0, pc, row_end, t);
-    });
+    epi_copy_out<Out>(p, s, epi, cv, colv, d_item, row0, gc, row_end, cols, t);
   }
 }
 
