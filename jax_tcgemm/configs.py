@@ -132,7 +132,7 @@ _SM90_SLICE = 2e-6
 # runs while its tile's tensor-core work waits: seconds per 128x256 tile (scaled by the tile's
 # area), H100 (benchmarks/NOTES.md v32). A ping-pong row (c.pingpong) runs one warpgroup's
 # epilogue under the other's main loop: only a block's last tile shows it.
-_EPI_TILE_SM90 = 10e-6
+_EPI_TILE_SM90 = 15e-6
 
 
 def _rate(c: Config, resident: int) -> float:
