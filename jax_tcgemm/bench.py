@@ -52,9 +52,13 @@ def config_id(case: Case) -> str:
     unavailable."""
     try:
         import jax.numpy as jnp
-        from jax_tcgemm import autotune
-        name, split = autotune.plan(case.m, case.n, case.k, case.batch, jnp.dtype(case.dtype),
-                                    case.layout)
+        from jax_tcgemm import autotune, configs
+        if getattr(case, "op", "matmul") != "matmul":  # an epilogue row: a fused epilogue
+            name, split = configs.plan_for_device(case.m, case.n, case.k, case.batch,
+                                                  jnp.dtype(case.dtype), case.layout, True)
+        else:
+            name, split = autotune.plan(case.m, case.n, case.k, case.batch,
+                                        jnp.dtype(case.dtype), case.layout)
         return name + (f" split_k={split}" if split > 1 else "")
     except Exception:
         return "n/a"
