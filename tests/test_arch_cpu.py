@@ -195,7 +195,9 @@ def test_autotune_off_by_default_uses_model(monkeypatch, tmp_path):
         assert all(c in configs.BY_NAME and s in configs.splits(configs.BY_NAME[c], 4096)
                    for c, s in cands)
         hopper = {c for c, _ in cands if configs.BY_NAME[c].kind == "sm90"}
-        assert hopper == ({c.name for c in SM90} if arch == (9, 0) else set()), arch
+        # every sm90 row but ping-pong ones (planned for fused epilogues only: competes())
+        assert hopper == ({c.name for c in SM90 if not c.pingpong} if arch == (9, 0)
+                          else set()), arch
         assert all(s == 1 for c, s in cands if c in hopper)
     assert autotune.candidates(16, 4096, 4096) == autotune.candidates(16, 4096, 4096, 1, None)
 

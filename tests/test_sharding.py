@@ -387,8 +387,18 @@ def check_epilogue_values(case, exact):
         what = ("d", "pre")[i]
         assert out.dtype == case["out_dtype"] and out.shape == ref.shape
         assert_close(out, ref, case["out_dtype"], case["k"], f"{what} vs float64")
-        if exact:
+        if exact and what == "pre":
             np.testing.assert_array_equal(np.asarray(out), np.asarray(single), what)
+        elif exact:
+            # The same products summed in the same order, so the pre-activation is bitwise
+            # equal; XLA:CPU's vectorised tanh may round a shard's columns differently from the
+            # whole array's (seen with jax 0.12), which gelu_tanh's cancellation near -inf
+            # turns into a large relative but tiny absolute difference: a few ulps of the
+            # result's scale.
+            scale = float(np.max(np.abs(f64(single))))
+            np.testing.assert_allclose(f64(out), f64(single), rtol=0,
+                                       atol=8 * float(jnp.finfo(out.dtype).eps) * scale,
+                                       err_msg=what)
         else:
             assert_close(out, f64(single), case["out_dtype"], case["k"], f"{what} vs 1 device")
 

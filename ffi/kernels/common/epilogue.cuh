@@ -12,6 +12,7 @@
 //   store_vec<Out>(dst, v, ...)            v converted once and stored
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "host/gemm_params.h"
 #include "kernels/common/element.cuh"
@@ -34,6 +35,20 @@ __device__ __forceinline__ float activate(Activation a, float x) {
     case Activation::kSilu: return x / (1.0f + expf(-x));
   }
   return x;
+}
+
+// f(std::integral_constant<Activation, a>{}): the activation as a compile-time value, for a
+// loop that applies it to many elements (the switch outside the loop).
+template <typename F>
+__device__ __forceinline__ void with_activation(Activation a, F&& f) {
+  using A = Activation;
+  switch (a) {
+    case A::kNone: f(std::integral_constant<A, A::kNone>{}); return;
+    case A::kRelu: f(std::integral_constant<A, A::kRelu>{}); return;
+    case A::kGelu: f(std::integral_constant<A, A::kGelu>{}); return;
+    case A::kGeluTanh: f(std::integral_constant<A, A::kGeluTanh>{}); return;
+    case A::kSilu: f(std::integral_constant<A, A::kSilu>{}); return;
+  }
 }
 
 // d act / dx at the pre-activation x (kernels/aux/dact.cu).
