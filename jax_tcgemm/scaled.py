@@ -119,8 +119,9 @@ def _scale(x, name, a_desc):
         return jnp.asarray(x, jnp.float32)
     dt = getattr(x, "dtype", None)  # before any conversion (numpy float64 -> float32)
     x = _as_array(x, name)
-    if np.dtype(x.dtype if dt is None else dt) != F32:
-        raise TypeError(f"{_name()}: {name} must be float32; got {name}{x.shape} {x.dtype} "
+    dt = np.dtype(x.dtype if dt is None else dt)
+    if dt != F32:
+        raise TypeError(f"{_name()}: {name} must be float32; got {name}{x.shape} {dt} "
                         f"({a_desc})")
     return x
 
@@ -172,8 +173,8 @@ def _impl(a, b, sa, sb, form, transpose_b, kind):
     full, tail = divmod(k, BLOCK)
     # checkpoint: under AD the loop keeps no per-block partial product (Kb x R x N) as a
     # residual; the backward recomputes it.
-    body = jax.checkpoint(lambda kb, acc: step(kb, acc, BLOCK))
-    acc = lax.fori_loop(0, full, body, acc)
+    if full:  # (a loop of no trips would still trace a 128-wide slice)
+        acc = lax.fori_loop(0, full, jax.checkpoint(lambda kb, acc: step(kb, acc, BLOCK)), acc)
     if tail:  # the last, partial block: a static slice (no padded copy of a or b)
         acc = step(full, acc, tail)
     return acc
