@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .problem import ACTIVATIONS
+
 
 def activate(name, x):
     """The epilogue's activation on float32 x (epilogue.cuh, activate)."""
@@ -61,7 +63,6 @@ def apply(acc, c, bias, scale, *, alpha, beta, activation, out_dtype, aux, **_):
 
 def check_activation(activation, fn):
     """None or a name of problem.ACTIVATIONS (ValueError otherwise)."""
-    from .problem import ACTIVATIONS
     if activation is not None and activation not in ACTIVATIONS[1:]:
         raise ValueError(f"jax_tcgemm.{fn}: unknown activation {activation!r}; use None or one "
                          f"of {ACTIVATIONS[1:]}")

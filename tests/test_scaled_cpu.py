@@ -345,6 +345,19 @@ def test_grad_epilogue_and_second_order(forms):
     assert rel_err(h1, h2) < 1e-4
 
 
+def test_grad_without_scales():
+    """No scales: grad w.r.t. the epilogue's float operands (bias, c) still works."""
+    a, b, _, _ = case((E4M3, E5M2), None, None, m=6, n=30, k=140)
+    bias = jnp.linspace(-1, 1, 30, dtype=F32)
+    c = jnp.linspace(0, 2, 6 * 30, dtype=F32).reshape(6, 30)
+    f = lambda bias, c: jnp.sum(tg.scaled_matmul(a, b, None, None, out_dtype=F32, c=c,  # noqa
+                                                 beta=2.0, bias=bias, activation="relu"))
+    gb, gc = jax.grad(f, (0, 1))(bias, c)
+    mask = (ref64(a, b, None, None) + 2.0 * f64(c) + f64(bias)) > 0
+    assert np.array_equal(np.asarray(gb), mask.sum(0).astype(np.float32))
+    assert np.array_equal(np.asarray(gc), 2.0 * mask.astype(np.float32))
+
+
 def test_grad_vmap():
     items = [case((E4M3, E4M3), "block", "block", m=5, n=129, k=129, seed=i) for i in range(2)]
     a, b, sa, sb = (jnp.stack(x) for x in zip(*items))
