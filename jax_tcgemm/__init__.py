@@ -14,10 +14,15 @@ Public API::
     tg.ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, ...)
     tg.ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_b=False,
                    out_dtype=None)            # activation(lhs[rows of g] @ rhs[g] + bias[g])
+    tg.scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None,
+                     activation=None, c=None, beta=0.0, transpose_b=False)
+                                              # fp8 / int8 with per-tensor, per-row / column or
+                                              # 128-block scales (through XLA for now: issue 26)
 """
 from .ops import dot_general, gemm, matmul
 from .ragged import ragged_dot, ragged_dot_general, ragged_gemm
+from .scaled import scaled_matmul
 
 __version__ = "0.1.0"
 __all__ = ["matmul", "dot_general", "gemm", "ragged_dot", "ragged_dot_general", "ragged_gemm",
-           "__version__"]
+           "scaled_matmul", "__version__"]

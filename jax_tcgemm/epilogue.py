@@ -3,14 +3,20 @@
     pre = alpha * acc + beta * c + bias        d = act(pre)        (each rounded once)
 
 that the kernels implement (ffi/kernels/common/epilogue.cuh). Used by the reference lowering
-(primitive.reference) and by the K-sharded partition (sharding.py), after its psum.
+(primitive.reference), by the K-sharded partition (sharding.py), after its psum, and by
+tg.scaled_matmul's lax path (scaled.py). Below it, the epilogue's operand rules (c's broadcast
+forms, bias, activation names, alpha / beta) shared by tg.gemm and tg.scaled_matmul.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from .problem import ACTIVATIONS
 
 
 def activate(name, x):
@@ -48,3 +54,74 @@ def apply(acc, c, bias, scale, *, alpha, beta, activation, out_dtype, aux, **_):
         pre = pre + bias[:, None, :]
     d = activate(activation, pre).astype(out_dtype)
     return [d, pre.astype(out_dtype)] if aux else [d]
+
+
+# ---------------------------------------------------------------------------------------------
+# The epilogue's operand rules, shared by the public functions that take an epilogue
+# (tg.gemm, tg.scaled_matmul): one copy of each check and normalisation. `fn` names the caller
+# in the error messages; `desc` describes its operands.
+
+def check_activation(activation, fn):
+    """None or a name of problem.ACTIVATIONS (ValueError otherwise)."""
+    if activation is not None and activation not in ACTIVATIONS[1:]:
+        raise ValueError(f"jax_tcgemm.{fn}: unknown activation {activation!r}; use None or one "
+                         f"of {ACTIVATIONS[1:]}")
+    return activation
+
+
+def scalar_param(x, name, fn):
+    """(static Python float, None) or (None, float32 scalar array) for alpha / beta."""
+    if isinstance(x, (bool, int, float, np.floating, np.integer)) and not isinstance(x, np.ndarray):
+        return float(x), None
+    x = jnp.asarray(x)
+    if x.shape != ():
+        raise ValueError(f"jax_tcgemm.{fn}: {name} must be a scalar; got shape {x.shape}")
+    return None, x.astype(jnp.float32)
+
+
+def scale_operand(alpha, beta, fn):
+    """(alpha, beta, scale) as apply / tcgemm_p take them: static floats, or 1.0, 0.0 and the
+    float32 pair [alpha, beta] when either is traced."""
+    al, al_arr = scalar_param(alpha, "alpha", fn)
+    be, be_arr = scalar_param(beta, "beta", fn)
+    if al_arr is None and be_arr is None:
+        return al, be, None
+    scale = jnp.stack([jnp.float32(al) if al_arr is None else al_arr,
+                       jnp.float32(be) if be_arr is None else be_arr])
+    return 1.0, 0.0, scale
+
+
+def c_operand(c, out_shape, out_dtype, fn, desc):
+    """c (any array broadcastable to the result out_shape = batch + (M, N), of out_dtype or
+    float32) as (Bc, Mc, Nc) with Bc 1 or prod(batch) and Mc, Nc 1 or M, N: full, per-row
+    (M, 1), per-column (N,), with or without batch dims; a partly broadcast batch is
+    materialised."""
+    c = jnp.asarray(c)
+    if np.dtype(c.dtype) not in (np.dtype(out_dtype), np.dtype(np.float32)):
+        raise TypeError(f"jax_tcgemm.{fn}: c must be of out_dtype ({np.dtype(out_dtype)}) or "
+                        f"float32; got {c.dtype}")
+    out_shape = tuple(out_shape)
+    try:
+        if np.broadcast_shapes(c.shape, out_shape) != out_shape:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"jax_tcgemm.{fn}: c{c.shape} does not broadcast to the result "
+                         f"{out_shape} ({desc})") from None
+    batch = out_shape[:-2]
+    bsz = math.prod(batch)
+    cf = c.reshape((1,) * (len(out_shape) - c.ndim) + c.shape)
+    cb = cf.shape[:-2]
+    if math.prod(cb) != 1 and cb != batch:  # partly broadcast batch: materialised
+        cf = jnp.broadcast_to(cf, batch + cf.shape[-2:])
+    return cf.reshape((1 if math.prod(cf.shape[:-2]) == 1 else bsz,) + cf.shape[-2:])
+
+
+def bias_operand(bias, n, fn, desc):
+    """bias (N,) of a floating dtype as float32 (1, N)."""
+    bias = jnp.asarray(bias)
+    if bias.shape != (n,):
+        raise ValueError(f"jax_tcgemm.{fn}: bias must have shape ({n},) (N); got "
+                         f"{bias.shape} {bias.dtype} ({desc})")
+    if not jnp.issubdtype(bias.dtype, jnp.floating):
+        raise TypeError(f"jax_tcgemm.{fn}: bias must be floating; got {bias.dtype}")
+    return bias.astype(jnp.float32).reshape(1, n)

@@ -19,8 +19,9 @@ import numpy as np
 from jax.lax import dot_general as _lax_dot_general
 from jax.numpy import matmul as _jnp_matmul
 
+from . import epilogue
 from .primitive import tcgemm
-from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES, canonical_precision
+from .problem import IN_DTYPES, OUT_DTYPES, canonical_precision
 
 
 def _as_array(x, name):
@@ -234,16 +235,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     return out
 
 
-def _scalar(x, name):
-    """A static Python float, or a float32 scalar array (traced or concrete)."""
-    if isinstance(x, (bool, int, float, np.floating, np.integer)) and not isinstance(x, np.ndarray):
-        return float(x), None
-    x = _as_array(x, name)
-    if x.shape != ():
-        raise ValueError(f"jax_tcgemm.gemm: {name} must be a scalar; got shape {x.shape}")
-    return None, x.astype(jnp.float32)
-
-
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, transpose_a=False,
          transpose_b=False, out_dtype=None, precision=None, overwrite_c=False):
     """D = activation(alpha * op(a) @ op(b) + beta * c + bias) in one fused kernel launch.
@@ -268,9 +259,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     if a.dtype != b.dtype or np.dtype(a.dtype) not in IN_DTYPES:
         raise TypeError(f"jax_tcgemm.gemm: a and b must both be float16 or both bfloat16; got "
                         f"{desc}")
-    if activation is not None and activation not in ACTIVATIONS[1:]:
-        raise ValueError(f"jax_tcgemm.gemm: unknown activation {activation!r}; use None or one "
-                         f"of {ACTIVATIONS[1:]}")
+    epilogue.check_activation(activation, "gemm")
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
     precision = _precision(precision)
     m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
@@ -285,39 +274,11 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     out_shape = batch + (m, n)
     bsz = math.prod(batch)
 
-    c3 = None
-    if c is not None:
-        c = _as_array(c, "c")
-        if np.dtype(c.dtype) not in (out_dtype, np.dtype(np.float32)):
-            raise TypeError(f"jax_tcgemm.gemm: c must be of out_dtype ({out_dtype}) or float32; "
-                            f"got {c.dtype}")
-        try:
-            if np.broadcast_shapes(c.shape, out_shape) != out_shape:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"jax_tcgemm.gemm: c{c.shape} does not broadcast to the result "
-                             f"{out_shape} ({desc})") from None
-        cf = c.reshape((1,) * (len(out_shape) - c.ndim) + c.shape)
-        cb = cf.shape[:-2]
-        if math.prod(cb) != 1 and cb != batch:  # partly broadcast batch: materialised
-            cf = jnp.broadcast_to(cf, batch + cf.shape[-2:])
-        c3 = cf.reshape((1 if math.prod(cf.shape[:-2]) == 1 else bsz,) + cf.shape[-2:])
-    bias2 = None
-    if bias is not None:
-        bias = _as_array(bias, "bias")
-        if bias.shape != (n,):
-            raise ValueError(f"jax_tcgemm.gemm: bias must have shape ({n},) (N); got "
-                             f"{bias.shape} {bias.dtype} ({desc})")
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise TypeError(f"jax_tcgemm.gemm: bias must be floating; got {bias.dtype}")
-        bias2 = bias.astype(jnp.float32).reshape(1, n)
-    al, al_arr = _scalar(alpha, "alpha")
-    be, be_arr = _scalar(beta, "beta")
-    scale = None
-    if al_arr is not None or be_arr is not None:
-        scale = jnp.stack([jnp.float32(al) if al_arr is None else al_arr,
-                           jnp.float32(be) if be_arr is None else be_arr])
-        al, be = 1.0, 0.0
+    c3 = None if c is None else epilogue.c_operand(_as_array(c, "c"), out_shape, out_dtype,
+                                                    "gemm", desc)
+    bias2 = None if bias is None else epilogue.bias_operand(_as_array(bias, "bias"), n, "gemm",
+                                                            desc)
+    al, be, scale = epilogue.scale_operand(alpha, beta, "gemm")
     if (bsz > 1 and not transpose_a and math.prod(b.shape[:-2]) == 1
             and (c3 is None or (c3.shape[0] == bsz and c3.shape[1] == m)
                  or (c3.shape[0] == 1 and c3.shape[1] == 1))):
