@@ -231,6 +231,33 @@ def test_sm90_rows():
     assert {c.name for c in SM90} >= {"sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2"}
 
 
+@needs_module
+@pytest.mark.parametrize("shape", [(8192, 16384, 4096, 1), (4096, 4096, 4096, 1),
+                                   (2048, 4096, 1024, 4), (1000, 1032, 1096, 1),
+                                   (16, 14336, 4096, 1), (128, 4096, 4096, 1)])
+def test_ping_pong_only_for_fused_epilogues(shape):
+    """The ping-pong row is planned for products with a fused epilogue only (configs.competes),
+    and wins the large ones on 9.0 (a cooperative row's epilogue costs _EPI_TILE_SM90 per tile
+    wave); plain products plan as before, and the planner's choice never changes off 9.0."""
+    pp = {c.name for c in SM90 if c.pingpong}
+    assert pp == {"sm90_128x128x64_s6_p2"}
+    m, n, k, b = shape
+    for arch in (None, (8, 0), (9, 0)):
+        plain = configs.plan(m, n, k, b, arch=arch)
+        fused = configs.plan(m, n, k, b, arch=arch, epilogue=True)
+        assert plain[0] not in pp
+        if arch != (9, 0):
+            assert fused == plain and fused[0] not in pp
+    if m * n >= 4096 * 4096:  # several waves of tiles: the epilogue hides under main loops
+        assert configs.plan(m, n, k, b, arch=(9, 0), epilogue=True)[0] in pp
+    assert problem.fused_epilogue(False, False, False, False, None) is False
+    assert problem.fused_epilogue(False, False, False, False, "none") is False
+    for flags in ((True, False, False, False, None), (False, True, False, False, None),
+                  (False, False, True, False, None), (False, False, False, True, None),
+                  (False, False, False, False, "relu")):
+        assert problem.fused_epilogue(*flags) is True
+
+
 @pytest.mark.parametrize("m,n,k,batch", [
     (8192, 8192, 8192, 1), (4096, 4096, 4096, 1), (4096, 11008, 4096, 1), (16, 4096, 4096, 1),
     (128, 4096, 4096, 1), (4095, 4097, 4093, 1), (127, 129, 255, 1), (256, 256, 256, 64)],
