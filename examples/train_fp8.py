@@ -1,0 +1,172 @@
+"""Train one MLP twice, from the same init on the same data: with flax's stock fp8 op
+(`nn.Dense(..., dot_general_cls=flax.linen.Fp8DotGeneralOp)`) and with ours
+(`dot_general_cls=jax_tcgemm.layers.Fp8DotGeneralOp`: the same variables and recipe, its GEMMs
+through `tg.scaled_matmul`). Prints both loss curves side by side and the median step time of
+each; exits 1 if the curves differ by more than the tolerance below, or if the loss did not
+fall.
+
+    python examples/train_fp8.py                                        # CPU: 60 steps, seconds
+    python examples/train_fp8.py --width 4096 --batch 4096 --steps 300  # GPU sizes
+
+The recipe (both models): every Dense quantises its input and kernel to float8_e4m3fn with
+per-tensor scales from a delayed amax history, and in the backward the output gradient to
+float8_e5m2; the updated scales / histories come back as the gradients of the
+'_overwrite_with_gradient' collection, which the step writes over the old values (as flax's fp8
+recipe expects). Weights, Adam state and the compute dtype are float32 (--bf16: the Dense layers
+compute in bfloat16). The task: regress y = sin(x T) for a fixed random T, x ~ N(0, 1).
+
+Tolerance: both models quantise the same values with the same scales; the stock op multiplies
+the dequantised float32 (bf16) operands, ours the fp8 ones with the scales applied to the float32
+accumulator. Per step the two differ by float32 rounding (a few 2^-24 relative; with --bf16 a few
+2^-8), which can move a value across an fp8 rounding boundary now and then, and training feeds
+the differences back. So the window-mean losses are compared at RTOL = 1% (float32) or 3.1%
+(8 bf16 ulps, --bf16); a wrong scale, a missing e5m2 quantisation or a transposed gradient is far
+beyond that, and breaks training outright.
+
+Step times: on this version of jax_tcgemm tg.scaled_matmul runs through XLA on every platform
+(the fp8 kernels of issue 26 come later), so the two times compare XLA's products of the
+dequantised operands with XLA's float32-accumulated fp8 products.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.linen import fp8_ops
+
+from jax_tcgemm import layers
+
+OWG = fp8_ops.OVERWRITE_WITH_GRADIENT  # the fp8 meta collection
+RTOL_F32, RTOL_BF16 = 1e-2, 8 * 2.0 ** -8  # see the module docstring
+OUT_FEATURES = 16
+OPS = {"tcgemm": layers.Fp8DotGeneralOp, "stock": fp8_ops.Fp8DotGeneralOp}
+
+
+class MLP(nn.Module):
+    width: int
+    depth: int
+    op: Any  # the dot_general_cls: a Module class or a functools.partial of one
+    dtype: type = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        kw = dict(dtype=self.dtype, param_dtype=jnp.float32, dot_general_cls=self.op)
+        for i in range(self.depth):
+            x = nn.gelu(nn.Dense(self.width, name=f"Dense_{i}", **kw)(x))
+        return nn.Dense(OUT_FEATURES, name=f"Dense_{self.depth}", **kw)(x)
+
+
+def batch(key, teacher, n, width):
+    x = jax.random.normal(key, (n, width), jnp.float32)
+    return x, jnp.sin(x @ teacher)
+
+
+def make_step(model, opt, teacher, n, width):
+    @jax.jit
+    def step(variables, opt_state, key):
+        x, y = batch(key, teacher, n, width)
+
+        def loss_fn(v):
+            return jnp.mean(jnp.square(model.apply(v, x).astype(jnp.float32) - y))
+
+        loss, grads = jax.value_and_grad(loss_fn)(variables)
+        updates, opt_state = opt.update(grads["params"], opt_state, variables["params"])
+        # the fp8 meta: its "gradients" are the updated scales and amax histories
+        new = {"params": optax.apply_updates(variables["params"], updates), OWG: grads[OWG]}
+        return new, opt_state, loss
+    return step
+
+
+def train_both(steps, batch_size, width, depth=2, seed=0, lr=1e-3, dtype=jnp.float32,
+               history=16):
+    """Trains both models in lockstep; returns {name: (losses, seconds)} and the final
+    variables of each."""
+    key = jax.random.PRNGKey(seed)
+    k_init, k_teacher, k_data = jax.random.split(key, 3)
+    teacher = jax.random.normal(k_teacher, (width, OUT_FEATURES)) / jnp.sqrt(width)
+    models = {name: MLP(width, depth, functools.partial(op, amax_history_length=history), dtype)
+              for name, op in OPS.items()}
+    x0 = jnp.zeros((1, width), jnp.float32)
+    with warnings.catch_warnings():  # flax deprecates the stock op (for Fp8DirectDotGeneralOp)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        variables = jax.jit(models["stock"].init)(k_init, x0)
+        ours = jax.eval_shape(models["tcgemm"].init, k_init, x0)
+    assert jax.tree.structure(ours) == jax.tree.structure(variables)  # one init serves both
+    opt = optax.adam(lr)
+    state = {name: (variables, opt.init(variables["params"])) for name in models}
+    step = {name: make_step(m, opt, teacher, batch_size, width) for name, m in models.items()}
+    hist = {name: ([], []) for name in models}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for i in range(steps):
+            k = jax.random.fold_in(k_data, i)
+            for name in models:  # interleaved: both see the same machine state
+                t0 = time.perf_counter()
+                v, o, loss = step[name](*state[name], k)
+                loss = float(loss)  # waits for the step
+                hist[name][1].append(time.perf_counter() - t0)
+                hist[name][0].append(loss)
+                state[name] = (v, o)
+    return hist, {name: s[0] for name, s in state.items()}
+
+
+def windows(losses, every):
+    return [statistics.fmean(losses[i:i + every]) for i in range(0, len(losses), every)]
+
+
+def compare(hist, every, rtol):
+    """(ok, worst relative difference of the window means, whether the loss fell 2x)."""
+    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["stock"][0], every)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+    fell = ref[-1] < 0.5 * ref[0] and ours[-1] < 0.5 * ours[0]
+    return worst <= rtol and fell, worst, fell
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=2, help="hidden layers")
+    ap.add_argument("--history", type=int, default=16, help="amax history length")
+    ap.add_argument("--bf16", action="store_true", help="compute dtype bfloat16 (else float32)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--every", type=int, default=0, help="print interval (default steps/12)")
+    args = ap.parse_args(argv)
+    every = args.every or max(1, args.steps // 12)
+    dtype, rtol = (jnp.bfloat16, RTOL_BF16) if args.bf16 else (jnp.float32, RTOL_F32)
+    print(f"backend {jax.default_backend()}: MLP {args.depth}x{args.width} -> {OUT_FEATURES}, "
+          f"batch {args.batch}, {args.steps} Adam steps (lr {args.lr:g}), fp8 Dense layers "
+          f"(e4m3 forward, e5m2 output gradient, amax history {args.history}), compute "
+          f"{jnp.dtype(dtype).name}: layers.Fp8DotGeneralOp (tcgemm) vs "
+          "flax.linen.Fp8DotGeneralOp (stock)")
+    hist, _ = train_both(args.steps, args.batch, args.width, args.depth, args.seed, args.lr,
+                         dtype, args.history)
+    print(f"{'step':>6} {'loss tcgemm':>12} {'loss stock':>12} {'rel diff':>9}   (window means)")
+    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["stock"][0], every)
+    for w, (a, b) in enumerate(zip(ours, ref)):
+        last = min((w + 1) * every, args.steps)
+        print(f"{last:>6} {a:>12.6f} {b:>12.6f} {abs(a - b) / abs(b):>9.2e}")
+    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, stock {ref[-1]:.6f}")
+    med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
+    print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, stock {med['stock']:.3f} ms "
+          f"(tcgemm/stock = {med['tcgemm'] / med['stock']:.3f}; first step, the compile, "
+          "excluded)")
+    ok, worst, fell = compare(hist, every, rtol)
+    print(f"worst window difference {worst:.2e} (tolerance {rtol:.2e}); loss fell 2x: {fell}")
+    print("OK" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
