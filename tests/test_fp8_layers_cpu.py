@@ -10,9 +10,6 @@ Bounds: float32 compute, the two ops differ only in where the per-tensor scales 
 few float32 ulps per product. The first step is exact (all scales 1).
 """
 import functools
-import importlib.util
-import pathlib
-import sys
 import warnings
 
 import jax
@@ -23,6 +20,7 @@ import pytest
 nn = pytest.importorskip("flax.linen")
 fp8_ops = pytest.importorskip("flax.linen.fp8_ops")
 from jax_tcgemm import layers  # noqa: E402  (imports flax)
+from test_flax import load_example  # noqa: E402  (examples run from their file paths)
 
 OWG = fp8_ops.OVERWRITE_WITH_GRADIENT
 STOCK, OURS = fp8_ops.Fp8DotGeneralOp, layers.Fp8DotGeneralOp
@@ -203,15 +201,6 @@ def test_errors():
 
 # ---------------------------------------------------------------------------------------------
 # examples/train_fp8.py at a tiny size.
-
-def load_example(name, monkeypatch):
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses (flax Modules) look it up
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_example_train_fp8(monkeypatch, capsys):
     ex = load_example("train_fp8", monkeypatch)

@@ -24,32 +24,17 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_tcgemm as tg
 
 from conftest import assert_close, f64
+from test_multi_gpu import _gpus, mesh, pytestmark  # noqa: F401 (the 2-GPU skip, fixture)
 from test_ragged_cpu import operands, ragged64
 
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
 
-
-def _gpus():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:  # no GPU backend at all
-        return []
-
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(len(_gpus()) < 2,
-                                 reason=f"needs 2 GPUs; {len(_gpus())} visible")]
 
 # Rows of K and N (and N / 2) elements are 16-byte multiples, so the custom call sees the local
 # operands as they are (the CUDA lowering zero-pads other rows for TMA).
 M, G, K, N = 96, 8, 40, 48
 SIZES = [11, 0, 17, 9, 20, 0, 14, 13]  # sum 84 < 96, two empty groups, no tile multiples
 SPECS = {"M": (P("d"), P()), "G": (P(), P("d")), "N": (P(), P(None, None, "d"))}
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return jax.make_mesh((2,), ("d",), devices=_gpus()[:2])
 
 
 def _custom_call_operands(text, target="tcgemm_ragged"):

@@ -159,20 +159,26 @@ def shape_sizes(tag, m, sizes):
     return random_sizes(rng, m - 10, 64, "sum")  # some empty, sum M - 10
 
 
+def form_case(name, form, a, b, gs, od, m, config):
+    """A check() case: the grouped product of `form` on (a, b, gs) into od on `config`, against
+    its float64 reference."""
+    mode, tb = FORMS[form]
+    fn = lambda a, b, g: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od,  # noqa: E731
+                                config=config)
+    return (f"{name} [{cfg_id(config)}]", fn, (a, b, gs), form_ref(form, a, b, gs), od,
+            form_k(form, a, m), 1.0)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=cfg_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_forms_dtypes(form, shape, config):
     tag, m, k, n, sizes = shape
     gs = shape_sizes(tag, m, sizes)
-    mode, tb = FORMS[form]
     cases = []
     for dt, od in itertools.product(IN_DTYPES, OUT_DTYPES):
         a, b = form_operands(form, m, k, n, len(gs), dt, (tag, od.name))
-        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od,  # noqa: E731
-                                           config=config)
-        cases.append((f"{form} {tag} {dt}->{od} [{cfg_id(config)}]", fn, (a, b, gs),
-                      form_ref(form, a, b, gs), od, form_k(form, a, m), 1.0))
+        cases.append(form_case(f"{form} {tag} {dt}->{od}", form, a, b, gs, od, m, config))
     check(cases)
 
 
@@ -210,16 +216,12 @@ EDGE_SIZES = {
 def test_edge_group_sizes(form, config):
     """Sizes as device data (traced): the kernel's clamping, never out of bounds."""
     m, k, n = 200, 72, 40
-    mode, tb = FORMS[form]
     cases = []
     for (name, sizes), dt in zip(EDGE_SIZES.items(), itertools.cycle(IN_DTYPES)):
         gs = np.asarray(sizes, np.int32)
         a, b = form_operands(form, m, k, n, len(gs), dt, ("edge", name))
         od = F32 if name != "over_m" else dt
-        fn = lambda a, b, g, od=od: ragged(a, b, g, mode=mode, transpose_b=tb, out_dtype=od,  # noqa: E731
-                                           config=config)
-        cases.append((f"{form} {name} [{cfg_id(config)}]", fn, (a, b, gs),
-                      form_ref(form, a, b, gs), od, form_k(form, a, m), 1.0))
+        cases.append(form_case(f"{form} {name}", form, a, b, gs, od, m, config))
     check(cases)
 
 
