@@ -47,18 +47,15 @@ def geomean(xs) -> float:
 
 
 def config_id(case: Case) -> str:
-    """The config tcgemm runs `case` (its forward product) with (autotune.plan: the cost
-    model's choice, or the tuned one), with ' split_k=S' when K is split; 'n/a' where
-    unavailable."""
+    """The config tcgemm runs `case` (its forward product) with (configs.plan_for_device, as
+    the lowering asks it: the cost model's choice, or the tuned one; epilogue rows planned as
+    fused), with ' split_k=S' when K is split; 'n/a' where unavailable."""
     try:
         import jax.numpy as jnp
-        from jax_tcgemm import autotune, configs
-        if getattr(case, "op", "matmul") != "matmul":  # an epilogue row: a fused epilogue
-            name, split = configs.plan_for_device(case.m, case.n, case.k, case.batch,
-                                                  jnp.dtype(case.dtype), case.layout, True)
-        else:
-            name, split = autotune.plan(case.m, case.n, case.k, case.batch,
-                                        jnp.dtype(case.dtype), case.layout)
+        from jax_tcgemm import configs  # the lowering's own plan (the autotuner's when on)
+        fused = getattr(case, "op", "matmul") != "matmul"  # an epilogue row
+        name, split = configs.plan_for_device(case.m, case.n, case.k, case.batch,
+                                              jnp.dtype(case.dtype), case.layout, fused)
         return name + (f" split_k={split}" if split > 1 else "")
     except Exception:
         return "n/a"
