@@ -110,12 +110,17 @@ __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t
   }
 }
 
+// The activation of a value that is rounded to Out next (bfloat16: the fast tanh, see activate).
+template <typename Out>
+__device__ __forceinline__ float activate_for(Activation a, float x) {
+  return activate<std::is_same_v<Out, __nv_bfloat16>>(a, x);
+}
+
 template <int V, typename Out = float>
 __device__ __forceinline__ void epi_act(const GemmParams& p, float (&v)[V]) {
   if (p.epi.act == Activation::kNone) return;
-  constexpr bool kFast = std::is_same_v<Out, __nv_bfloat16>;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] = activate<kFast>(p.epi.act, v[j]);
+  for (int j = 0; j < V; ++j) v[j] = activate_for<Out>(p.epi.act, v[j]);
 }
 
 // Stores V floats to dst[0..V) as Out: one vector store when `vec` (dst aligned to V elements,

@@ -222,8 +222,7 @@ __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, ch
       const int64_t off = d_item + gr * p.n + gc;
       if (p.epi.aux) store_vec<Out, 4>(static_cast<Out*>(p.epi.aux) + off, v, cols, vec);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        v[j] = activate<std::is_same_v<Out, __nv_bfloat16>>(decltype(act)::value, v[j]);
+      for (int j = 0; j < 4; ++j) v[j] = activate_for<Out>(decltype(act)::value, v[j]);
       store_vec<Out, 4>(static_cast<Out*>(p.d) + off, v, cols, vec);
     }
   });
