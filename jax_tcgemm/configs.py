@@ -36,6 +36,8 @@ class Config:
     # such operands run on the first row with its BK that has them: ElementLoadsRow in C++)
     ragged: bool  # runs grouped (ragged) products (HasRaggedKernels in C++): every sm90 row,
     # and the sm80 rows with grouped kernels (plan_ragged picks among these)
+    int8: bool = False  # has kernels for int8 x int8 (HasByteKernels in C++; plan_byte)
+    fp8: bool = False   # has kernels for the fp8 pairs (HasByteKernels, fp8)
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -416,4 +418,22 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     mm, nn, kk = (per, n, k) if mode == 0 else (k, n, per)
     best = min((*estimate(c, 1, mm, nn, kk, g), i) for i, c in enumerate(CONFIGS)
                if c.kind == kind and c.ragged and not c.pingpong)
+    return CONFIGS[best[-1]].name
+
+
+def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device"):
+    """Config name for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and int8
+    dot_general, K-major operands, one K slice), or None where no 8-bit kernel runs: compute
+    capability other than 9.0 (arch "device": the default device's), or K not a multiple of 16
+    (rows TMA cannot address). Among the rows with 8-bit kernels of that kind (Config.int8 /
+    Config.fp8), the one the cost model picks for the same product (the model counts tiles and
+    waves, which do not depend on the element size)."""
+    if arch == "device":
+        arch = device_arch()
+    if arch is None or tuple(arch[:2]) != (9, 0) or k % 16 != 0 or min(m, n, k) <= 0:
+        return None
+    rows = [(i, c) for i, c in enumerate(CONFIGS) if getattr(c, kind)]
+    if not rows:
+        return None
+    best = min((*estimate(c, 1, m, n, k, 1), i) for i, c in rows)
     return CONFIGS[best[-1]].name

@@ -178,7 +178,8 @@ def _cuda_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta,
     res = jax.ffi.ffi_lowering(_ffi.TARGET, operand_output_aliases={2: 0} if alias else None)(
         ctx.replace(avals_out=avals_out), *args, transpose_a=transpose_a,
         transpose_b=transpose_b, config=config, split_k=np.int64(split_k), pack=pack,
-        has_c=has_c, has_bias=has_bias, has_scale=has_scale, aux=aux,
+        has_c=has_c, has_bias=has_bias, has_scale=has_scale, has_row_scale=False,
+        has_col_scale=False, has_block_scale=False, aux=aux,
         alpha=np.float32(alpha), beta=np.float32(beta),
         activation=np.int32(problem.activation_index(activation)))
     return [res[0]] + list(res[2:])

@@ -143,6 +143,7 @@ struct TimedProblem {
     p.split_k = split;
     p.epi = epi.ep;
     pr.in_type = it;
+    pr.b_type = it;
     pr.config = cfg;
     pr.pack = pack;
     pr.transpose_b = tb;

@@ -211,6 +211,7 @@ bool run_gemm(const Operands& ops, int cfg, int split, bool pack, int kind, DTyp
   p.split_k = split;
   p.epi = ep;
   pr.in_type = ops.it;
+  pr.b_type = ops.it;
   pr.transpose_a = ops.ta;
   pr.transpose_b = ops.tb;
   pr.config = cfg;

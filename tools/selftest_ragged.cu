@@ -76,6 +76,7 @@ bool run_case(const RaggedCase& c, int cfg, InType it, DType ot, std::mt19937& r
     p.ragged.mode = RaggedMode::kContract;
   }
   pr.in_type = it;
+  pr.b_type = it;
   pr.config = cfg;
   const std::string err = LaunchGemm(pr, PlanWorkspace(pr), nullptr);
   if (err.empty()) CK(cudaDeviceSynchronize());

@@ -83,6 +83,23 @@ constexpr bool HasRaggedKernels(int cfg) {
          (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
 }
 
+// Whether sm90 config cfg has kernels for 8-bit operands (K-major A and B; kernels/sm90/
+// kernels_sm90_byte.cu): int8 on the cooperative rows (a consumer thread holds at most 128
+// sums), the fp8 pairs on those whose consumers own one m64 block each (fp8 adds 64 registers
+// for the partial sums of one 64 x 128 piece of a k tile; with two m64 blocks, 256x128, ptxas
+// spilled 44 bytes in the main loop). The planner picks among these rows (configs.plan_byte).
+constexpr bool HasByteKernels(int cfg, bool fp8) {
+  const GemmConfig& c = kConfigs[cfg];
+  return c.kind == Kind::kSm90 && !c.pingpong && (!fp8 || c.bm == 64 * c.consumers);
+}
+
+// Elements of one k tile of config cfg for operands of `bytes` bytes: BK counts 16-bit
+// elements; an sm90 k tile is one 128-byte swizzle row, so 8-bit operands take twice BK.
+constexpr int KTileElems(int cfg, int bytes) {
+  return kConfigs[cfg].kind == Kind::kSm90 && bytes == 1 ? 2 * kConfigs[cfg].bk
+                                                         : kConfigs[cfg].bk;
+}
+
 // Names of all configs, in table order; built once.
 inline const std::array<std::string, kNumConfigs>& ConfigNames() {
   static const std::array<std::string, kNumConfigs> names = [] {

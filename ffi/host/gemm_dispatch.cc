@@ -23,8 +23,8 @@ std::string CudaError(const char* what, cudaError_t e) {
 
 bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int64_t KTiles(const GemmProblem& pr) {  // BK-wide k tiles of the whole K
-  const int64_t bk = kConfigs[pr.config].bk;
+int64_t KTiles(const GemmProblem& pr) {  // k tiles of the whole K
+  const int64_t bk = KTileElems(pr.config, DTypeBytes(pr.in_type));
   return (pr.params.k + bk - 1) / bk;
 }
 
@@ -148,6 +148,26 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
+  const bool byte = IsByteOperand(pr.in_type);
+  if (byte) {
+    // 8-bit operands: the sm90 kernels only (wgmma), K-major A and B whose rows TMA can address,
+    // one K slice, no packing; their rows (HasByteKernels). The Python planner routes every
+    // other case through lax.
+    if (!IsByteOperand(pr.b_type)) return "8-bit A needs an 8-bit B";
+    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
+      return "8-bit operands run on the sm90 kernels on compute capability 9.0 only (this GPU: " +
+             std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
+    if (!a_kmajor || !b_kmajor) return "8-bit operands are read K-major: A [M][K], B [N][K]";
+    if (ragged || EffectiveSplitK(pr) > 1 || pr.pack)
+      return "8-bit operands run without grouping, K split or packing";
+    if (p.k % 16 != 0 || p.stride_a % 16 != 0 || p.stride_b % 16 != 0 || !Aligned(p.a) ||
+        !Aligned(p.b))
+      return "8-bit operands need 16-byte aligned rows (K a multiple of 16) and bases";
+    if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
+      return "an int32 result is the product of int8 operands";
+  } else if (p.d_type == DType::kS32) {
+    return "an int32 result is the product of int8 operands";
+  }
   if (ragged) {
     // Grouped products run on the rows with grouped kernels (HasRaggedKernels): sm90 rows on
     // compute capability 9.0 (the persistent scheduler), sm80 rows on any GPU (one block per
@@ -164,10 +184,10 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
       return "ragged rows read K-major A";
   }
-  if (kConfigs[config].kind == Kind::kSm90 &&
+  if (!byte && kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
-  if (!aligned) config = ElementLoadsRow(config);  // (an sm90 row is aligned or fell back)
+  if (!byte && !aligned) config = ElementLoadsRow(config);  // (an sm90 row is aligned or fell back)
   const GemmConfig& cfg = kConfigs[config];
 
   const int64_t tiles_m = (p.m + cfg.bm - 1) / cfg.bm, tiles_n = (p.n + cfg.bn - 1) / cfg.bn;
@@ -185,8 +205,8 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // Slices through the workspace store raw partials; the reduction runs the epilogue.
   p.partial = split > 1 && !p.cluster_reduce ? pr.workspace : nullptr;
   if (cfg.kind == Kind::kSm90) {
-    if (std::string err = LaunchSm90(p, config, pr.in_type, a_kmajor, b_kmajor, device, dev.sms,
-                                     stream);
+    if (std::string err = LaunchSm90(p, config, pr.in_type, byte ? pr.b_type : pr.in_type,
+                                     a_kmajor, b_kmajor, device, dev.sms, stream);
         !err.empty())
       return err;
     return split > 1 ? ReduceSplits(pr, split, stream) : std::string();

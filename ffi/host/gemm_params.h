@@ -7,10 +7,20 @@
 namespace tcgemm {
 
 // Element types of operands, epilogue inputs and outputs (the runtime side of
-// kernels/common/element.cuh, which maps each to its CUDA type and traits).
-enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
-using InType = DType;   // operands: kF16 or kBF16
-inline constexpr int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+// kernels/common/element.cuh, which maps each to its CUDA type and traits). Operands: kF16 or
+// kBF16 (every kernel family), or the 8-bit types (sm90 only, K-major A and B: wgmma reads
+// 8-bit operands K-major only): kE4M3 / kE5M2 (float8_e4m3fn / float8_e5m2, float32
+// accumulation) and kS8 (int8, exact int32 accumulation). Results: kF16, kBF16, kF32, or kS32
+// (the exact product of int8 operands).
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kE4M3 = 3, kE5M2 = 4, kS8 = 5, kS32 = 6 };
+using InType = DType;
+inline constexpr int kNumDTypes = 7;
+inline constexpr int DTypeBytes(DType t) {
+  return t == DType::kF32 || t == DType::kS32 ? 4 : t == DType::kF16 || t == DType::kBF16 ? 2 : 1;
+}
+inline constexpr bool IsByteOperand(DType t) {
+  return t == DType::kE4M3 || t == DType::kE5M2 || t == DType::kS8;
+}
 
 // Most K slices of a split-K product (grid y); the FFI rejects more.
 inline constexpr int kMaxSplitK = 64;
@@ -22,8 +32,9 @@ inline constexpr int kMaxClusterSplit = 8;
 enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kSilu = 4 };
 inline constexpr int kNumActivations = 5;
 
-// D[z][r][c] = act(alpha * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]), computed in float32
-// from the accumulator and rounded once to D's type. C is read through element strides
+// D[z][r][c] = act(alpha * rs[z][r] * cs[c] * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]),
+// computed in float32 from the accumulator and rounded once to D's type (rs, cs: the optional
+// per-row and per-column scales of a scaled product, 1 when absent). C is read through element strides
 // (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared by the batch
 // (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta come from
 // `scale` (device float32[2], traced values) when it is set. `aux`, when set, receives the
@@ -38,6 +49,8 @@ struct EpilogueParams {
   int64_t bias_sb = 0;           // elements between batch items' bias rows (0: shared)
   Activation act = Activation::kNone;
   void* aux = nullptr;           // pre-activation output, or nullptr
+  const float* row_scale = nullptr;  // float32 [batch][M] (row r of item z at z * M + r)
+  const float* col_scale = nullptr;  // float32 [N], shared by the batch
 };
 
 // A grouped (ragged) product, lax.ragged_dot's forms: `groups` groups whose sizes are device
@@ -84,6 +97,12 @@ struct GemmParams {
                                // the dispatcher: the contiguous extent, or that of a packed copy)
   EpilogueParams epi;
   RaggedParams ragged;         // mode kNone: a plain (batched) product
+  // DeepSeek-V3 block scales of an fp8 product (the sm90 fp8 kernels, batch 1): the partial
+  // product of each 128-slice kb of K is scaled by block_sa[kb][r] * block_sb[kb][c / 128]
+  // (float32, row-major (ceil(K/128), M) and (ceil(K/128), ceil(N/128))) before it is added to
+  // the float32 sums; the epilogue follows. nullptr: no block scales.
+  const float* block_sa = nullptr;
+  const float* block_sb = nullptr;
 };
 
 struct GemmProblem {
@@ -91,7 +110,8 @@ struct GemmProblem {
   // Split-K partials (split_k * batch * M * N floats when split_k > 1) from the start; packed
   // operand copies (see PlanWorkspace) at the end.
   float* workspace;
-  InType in_type;
+  InType in_type;              // A's element type
+  InType b_type;               // B's: in_type, except for the mixed fp8 pairs (e4m3 x e5m2)
   bool transpose_a, transpose_b;
   int config;                  // index into kConfigs
   bool pack;                   // copy the operands whose rows NeedsPack (gemm_dispatch.h: not

@@ -8,7 +8,8 @@
 // 16w .. 16w+15 and, per 8-column block j, d[4j .. 4j+3] laid out like mma.sync's m16n8 C
 // fragment (rows g, g, g+8, g+8 and columns 8j + 2q, +1, with g = lane/4, q = lane%4).
 // scale_d = 0 ignores D's old value (D = A*B), 1 accumulates. TRANS_A / TRANS_B = 1 reads an
-// M-major A / N-major B (allowed for 16-bit types), 0 a K-major one.
+// M-major A / N-major B (allowed for 16-bit types), 0 a K-major one. The int32 accumulators of
+// the int8 forms have the same layout.
 // The bodies are empty unless compiled for sm_90a (-gencode arch=compute_90a,code=sm_90a).
 #pragma once
 #include <cstdint>
@@ -72,13 +73,15 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, " \
   "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, " \
   "%115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define TCGEMM_D_OUT8(d, i)                                                               \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define TCGEMM_D_OUT64(d, i)                                                         \
-  TCGEMM_D_OUT8(d, i), TCGEMM_D_OUT8(d, i + 8), TCGEMM_D_OUT8(d, i + 16),             \
-      TCGEMM_D_OUT8(d, i + 24), TCGEMM_D_OUT8(d, i + 32), TCGEMM_D_OUT8(d, i + 40),   \
-      TCGEMM_D_OUT8(d, i + 48), TCGEMM_D_OUT8(d, i + 56)
+// (C: the constraint, "+f" for float32 accumulators, "+r" for int32 ones)
+#define TCGEMM_D_OUTC8(C, d, i) \
+  C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define TCGEMM_D_OUTC64(C, d, i)                                                          \
+  TCGEMM_D_OUTC8(C, d, i), TCGEMM_D_OUTC8(C, d, i + 8), TCGEMM_D_OUTC8(C, d, i + 16),      \
+      TCGEMM_D_OUTC8(C, d, i + 24), TCGEMM_D_OUTC8(C, d, i + 32),                         \
+      TCGEMM_D_OUTC8(C, d, i + 40), TCGEMM_D_OUTC8(C, d, i + 48), TCGEMM_D_OUTC8(C, d, i + 56)
+#define TCGEMM_D_OUT64(d, i) TCGEMM_D_OUTC64("+f", d, i)
+#define TCGEMM_D_OUTI64(d, i) TCGEMM_D_OUTC64("+r", d, i)
 // One wgmma with D registers REGS, then operands A (descriptor), B, scale_d, trans-a, trans-b.
 #define TCGEMM_WGMMA(N, TY, REGS, A, B, S, TA, TB)                                       \
   "{\n .reg .pred p;\n setp.ne.b32 p, " S ", 0;\n"                                      \
@@ -119,9 +122,57 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
+// The 8-bit forms read K-major A and B only (no transpose immediates), k32 per instruction.
+// fp8 (TA, TB each "e4m3" or "e5m2"): m64n128k32.f32: D (+)= A * B, the imm-scale-a / -b sign
+// immediates at +1. Hopper keeps fewer than float32's bits in this accumulation: the kernel
+// starts each k tile's sum at 0 (scale_d = 0 on its first instruction) and adds it into float32
+// registers itself. int8: m64n{128,256}k32.s32.s8.s8, exact int32 accumulation.
+#define TCGEMM_WGMMA_K32(N, TYS, REGS, A, B, S, TAIL)                                    \
+  "{\n .reg .pred p;\n setp.ne.b32 p, " S ", 0;\n"                                    \
+  " wgmma.mma_async.sync.aligned.m64n" N "k32." TYS " {" REGS "}, " A ", " B ", p" TAIL \
+  ";\n}\n"
+
+template <bool A_E5M2, bool B_E5M2>
+__device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+#if TCGEMM_SM90A
+#define TCGEMM_FP8(TYS)                                                                        \
+  asm volatile(TCGEMM_WGMMA_K32("128", TYS, TCGEMM_D_REGS_LO, "%64", "%65", "%66", ", 1, 1") \
+               : TCGEMM_D_OUT64(d, 0)                                                          \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  if constexpr (!A_E5M2 && !B_E5M2) TCGEMM_FP8("f32.e4m3.e4m3");
+  else if constexpr (!A_E5M2 && B_E5M2) TCGEMM_FP8("f32.e4m3.e5m2");
+  else if constexpr (A_E5M2 && !B_E5M2) TCGEMM_FP8("f32.e5m2.e4m3");
+  else TCGEMM_FP8("f32.e5m2.e5m2");
+#undef TCGEMM_FP8
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d) {
+#if TCGEMM_SM90A
+  asm volatile(TCGEMM_WGMMA_K32("128", "s32.s8.s8", TCGEMM_D_REGS_LO, "%64", "%65", "%66", "")
+               : TCGEMM_D_OUTI64(d, 0)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d) {
+#if TCGEMM_SM90A
+  asm volatile(TCGEMM_WGMMA_K32("256", "s32.s8.s8", TCGEMM_D_REGS_LO ", " TCGEMM_D_REGS_HI,
+                                "%128", "%129", "%130", "")
+               : TCGEMM_D_OUTI64(d, 0), TCGEMM_D_OUTI64(d, 64)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
+#undef TCGEMM_WGMMA_K32
+#undef TCGEMM_D_OUTI64
 #undef TCGEMM_WGMMA
 #undef TCGEMM_D_OUT64
-#undef TCGEMM_D_OUT8
+#undef TCGEMM_D_OUTC64
+#undef TCGEMM_D_OUTC8
 #undef TCGEMM_D_REGS_HI
 #undef TCGEMM_D_REGS_LO
 

@@ -17,14 +17,20 @@
 namespace tcgemm {
 namespace {
 
-// The epilogue operands (c, bias, scale: the call's arguments after a and b, those the flags
-// name, in that order) and the aux result (after d and the workspace), checked against the
-// result (B, M, N) and decoded into ep. Empty string, or what is wrong.
+// The epilogue operands (c, bias, scale, row_scale, col_scale: the call's arguments after a and
+// b, those the flags name, in that order), then the block scales (block_sa, block_sb: into p)
+// and the aux result (after d and the workspace), checked against the result (B, M, N) and K
+// and decoded into p. Empty string, or what is wrong.
 std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
-                           ffi::AnyBuffer::Dimensions cd, DType d_type, bool has_c,
-                           bool has_bias, bool has_scale, bool aux, float alpha, float beta,
-                           int32_t activation, EpilogueParams& ep) {
-  const size_t want = size_t(has_c) + size_t(has_bias) + size_t(has_scale);
+                           ffi::AnyBuffer::Dimensions cd, int64_t k, DType d_type, bool has_c,
+                           bool has_bias, bool has_scale, bool has_row_scale,
+                           bool has_col_scale, bool has_block_scale, bool aux, float alpha,
+                           float beta, int32_t activation, GemmParams& p) {
+  EpilogueParams& ep = p.epi;
+  const size_t want = size_t(has_c) + size_t(has_bias) + size_t(has_scale) +
+                      size_t(has_row_scale) + size_t(has_col_scale) + 2 * size_t(has_block_scale);
+  if (d_type == DType::kS32 && (want > 0 || aux || activation != 0 || alpha != 1.0f))
+    return "an int32 result is the exact int8 product: no epilogue, scale or alpha";
   if (args.size() != want)
     return "expected " + std::to_string(want) + " epilogue operands; got " + std::to_string(args.size());
   if (rets.size() != size_t(aux))
@@ -68,6 +74,29 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
       return "scale must be float32 [alpha, beta]";
     ep.scale = static_cast<const float*>(s.value().untyped_data());
   }
+  // Per-row (B, M) and per-column (1, N) float32 scales.
+  auto vec = [&](const char* name, int64_t rows, int64_t cols, const float*& to) -> std::string {
+    auto v = args.get<ffi::AnyBuffer>(i++);
+    if (v.has_error()) return std::string("cannot decode ") + name;
+    const auto d = v.value().dimensions();
+    if (v.value().element_type() != ffi::DataType::F32 || d.size() != 2 || d[0] != rows ||
+        d[1] != cols)
+      return std::string(name) + " must be float32 (" + std::to_string(rows) + ", " +
+             std::to_string(cols) + "); got " + DtypeName(v.value().element_type()) + Dims(d);
+    to = static_cast<const float*>(v.value().untyped_data());
+    return {};
+  };
+  if (has_row_scale)
+    if (std::string e = vec("row_scale", cd[0], cd[1], ep.row_scale); !e.empty()) return e;
+  if (has_col_scale)
+    if (std::string e = vec("col_scale", 1, cd[2], ep.col_scale); !e.empty()) return e;
+  if (has_block_scale) {  // (ceil(K/128), M) and (ceil(K/128), ceil(N/128))
+    if (cd[0] != 1) return "block scales take a batch of 1";
+    const int64_t kb = (k + 127) / 128;
+    if (std::string e = vec("block_sa", kb, cd[1], p.block_sa); !e.empty()) return e;
+    if (std::string e = vec("block_sb", kb, (cd[2] + 127) / 128, p.block_sb); !e.empty())
+      return e;
+  }
   if (aux) {
     auto x = rets.get<ffi::AnyBuffer>(0);
     if (x.has_error()) return "cannot decode aux";
@@ -85,7 +114,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       ffi::Result<ffi::AnyBuffer> workspace, ffi::RemainingRets epi_rets,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
-                      bool aux, float alpha, float beta, int32_t activation) {
+                      bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
+                      float alpha, float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -106,11 +136,28 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     return Invalid("batch sizes must equal the result's or be 1: " + shapes());
 
   const ffi::DataType at = a.element_type(), bt = b.element_type(), ct = c->element_type();
-  if (at != bt || (at != ffi::DataType::F16 && at != ffi::DataType::BF16))
-    return Invalid(std::string("operands must both be float16 or both bfloat16; got ") +
-                   DtypeName(at) + " and " + DtypeName(bt));
-  const std::optional<DType> d_type = ToDType(ct);
-  if (!d_type) return Invalid("result must be float16, bfloat16 or float32");
+  const std::optional<DType> ta = ToAnyDType(at), tb = ToAnyDType(bt);
+  const bool wide = at == bt && (at == ffi::DataType::F16 || at == ffi::DataType::BF16);
+  // 8-bit: int8 x int8, or an fp8 pair other than e5m2 x e5m2 (not a form of ours)
+  const bool byte = ta && tb && IsByteOperand(*ta) && IsByteOperand(*tb) &&
+                    (*ta == DType::kS8) == (*tb == DType::kS8) &&
+                    !(*ta == DType::kE5M2 && *tb == DType::kE5M2);
+  if (!wide && !byte)
+    return Invalid(std::string("operands must be float16 x float16, bfloat16 x bfloat16, int8 x "
+                               "int8 or float8 (e4m3fn x e4m3fn, e4m3fn x e5m2, e5m2 x e4m3fn); "
+                               "got ") + DtypeName(at) + " and " + DtypeName(bt));
+  const std::optional<DType> d_type = ToAnyDType(ct);
+  if (!d_type || (*d_type == DType::kS32 ? *ta != DType::kS8 : !ToDType(ct)))
+    return Invalid(std::string("result must be float16, bfloat16 or float32 (or int32 for int8 "
+                               "operands); got ") + DtypeName(ct) + " for " + DtypeName(at) +
+                   " operands");
+  if (byte && (transpose_a || !transpose_b))
+    return Invalid("8-bit operands are read K-major: a (B, M, K) with transpose_a=0 and b "
+                   "(B, N, K) with transpose_b=1: " + shapes());
+  if (byte && (split_k != 1 || pack))
+    return Invalid("8-bit operands run with split_k=1 and pack=0: " + shapes());
+  if (has_block_scale && !(byte && *ta != DType::kS8))
+    return Invalid("block scales go with fp8 operands: " + shapes());
 
   const int cfg = FindConfig(config);
   if (cfg < 0) return Invalid("unknown config '" + std::string(config) + "'");
@@ -122,9 +169,9 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    std::string(DtypeName(workspace->element_type())) +
                    Dims(workspace->dimensions()));
   GemmProblem pr{};
-  if (std::string err = DecodeEpilogue(epi_args, epi_rets, cd, *d_type, has_c, has_bias,
-                                       has_scale, aux, alpha, beta, activation,
-                                       pr.params.epi);
+  if (std::string err = DecodeEpilogue(epi_args, epi_rets, cd, ka, *d_type, has_c, has_bias,
+                                       has_scale, has_row_scale, has_col_scale, has_block_scale,
+                                       aux, alpha, beta, activation, pr.params);
       !err.empty())
     return Invalid(err + " [" + shapes() + "]");
   if (c->element_count() == 0) return ffi::Error::Success();  // M, N or batch is 0
@@ -139,7 +186,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.params.stride_a = ad[0] == 1 ? 0 : m * ka;
   pr.params.stride_b = bd[0] == 1 ? 0 : ka * n;
   pr.params.d_type = *d_type;
-  pr.in_type = *ToDType(at);
+  pr.in_type = *ta;
+  pr.b_type = *tb;
   pr.transpose_a = transpose_a;
   pr.transpose_b = transpose_b;
   pr.config = cfg;
@@ -164,7 +212,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // a: (Ba, M, K), or (Ba, K, M) if transpose_a
                                   .Arg<ffi::AnyBuffer>()  // b: (Bb, K, N), or (Bb, N, K) if transpose_b
-                                  .RemainingArgs()        // [c], [bias], [scale] (DecodeEpilogue)
+                                  .RemainingArgs()        // [c], [bias], [scale], [row_scale],
+                                                          // [col_scale], [block_sa, block_sb]
+                                                          // (DecodeEpilogue)
                                   .Ret<ffi::AnyBuffer>()  // d: (B, M, N); Ba, Bb in {1, B}
                                   .Ret<ffi::AnyBuffer>()  // workspace: f32 (PlanWorkspace)
                                   .RemainingRets()        // [aux]: the pre-activation
@@ -176,6 +226,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Attr<bool>("has_c")
                                   .Attr<bool>("has_bias")
                                   .Attr<bool>("has_scale")
+                                  .Attr<bool>("has_row_scale")
+                                  .Attr<bool>("has_col_scale")
+                                  .Attr<bool>("has_block_scale")
                                   .Attr<bool>("aux")
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")

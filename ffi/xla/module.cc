@@ -88,12 +88,14 @@ NB_MODULE(_tcgemm, m) {
       r["fallback"] = tcgemm::ConfigNames()[tcgemm::Sm80Fallback(i)];
       r["element_loads"] = tcgemm::HasElementLoads(i);
       r["ragged"] = tcgemm::HasRaggedKernels(i);
+      r["int8"] = tcgemm::HasByteKernels(i, false);
+      r["fp8"] = tcgemm::HasByteKernels(i, true);
       rows.append(r);
     }
     return rows;
   }, "The config table (ffi/host/gemm_config.inc) with each row's derived name, threads, "
-     "shared memory (sm80 rows), sm80 fallback, element-wise loads and grouped (ragged) "
-     "kernels, in table order.");
+     "shared memory (sm80 rows), sm80 fallback, element-wise loads, grouped (ragged) "
+     "kernels and 8-bit (int8, fp8) kernels, in table order.");
   m.def("max_split_k", []() { return tcgemm::kMaxSplitK; },
         "Most K slices of a split-K product that the handler accepts.");
   m.def("max_cluster_split", []() { return tcgemm::kMaxClusterSplit; },

@@ -101,6 +101,7 @@ ffi::Error RaggedImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   p.ragged.sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   p.ragged.groups = static_cast<int>(groups);
   pr.in_type = *ToDType(at);
+  pr.b_type = pr.in_type;
   pr.config = cfg;
   pr.pack = false;
   pr.workspace = nullptr;

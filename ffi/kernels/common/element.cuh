@@ -4,7 +4,9 @@
 #include <cuda.h>  // CUtensorMapDataType
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "host/gemm_params.h"
@@ -33,6 +35,26 @@ struct ElemTraits<float> {
   static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 };
 
+// The 8-bit operand types (sm90 wgmma only): TMA moves them as bytes.
+template <>
+struct ElemTraits<__nv_fp8_e4m3> {
+  static constexpr int kBytes = 1;
+  static constexpr DType kType = DType::kE4M3;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+template <>
+struct ElemTraits<__nv_fp8_e5m2> {
+  static constexpr int kBytes = 1;
+  static constexpr DType kType = DType::kE5M2;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+template <>
+struct ElemTraits<int8_t> {
+  static constexpr int kBytes = 1;
+  static constexpr DType kType = DType::kS8;
+  static constexpr CUtensorMapDataType kTma = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+
 template <typename Out>
 __device__ __forceinline__ Out convert(float x) {
   if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
@@ -46,14 +68,27 @@ __device__ __forceinline__ float to_float(In x) {
   else return static_cast<float>(x);
 }
 
-// Calls f(T{}) with T the CUDA type of DType t: the one switch over element types that every
-// kernel goes through (host and device).
+// Calls f(T{}) with T the CUDA type of DType t: the one switch over the float element types
+// (16-bit operands, epilogue inputs, float results) that every kernel goes through (host and
+// device). The 8-bit operand types and int32 results are not among them: with_byte_operand.
 template <typename F>
 __host__ __device__ __forceinline__ void with_dtype(DType t, F&& f) {
   switch (t) {
     case DType::kF16: f(__half{}); break;
     case DType::kBF16: f(__nv_bfloat16{}); break;
     case DType::kF32: f(float{}); break;
+    default: break;
+  }
+}
+
+// Calls f(T{}) with T the CUDA type of 8-bit operand type t (IsByteOperand).
+template <typename F>
+__host__ __device__ __forceinline__ void with_byte_operand(DType t, F&& f) {
+  switch (t) {
+    case DType::kE4M3: f(__nv_fp8_e4m3{}); break;
+    case DType::kE5M2: f(__nv_fp8_e5m2{}); break;
+    case DType::kS8: f(int8_t{}); break;
+    default: break;
   }
 }
 

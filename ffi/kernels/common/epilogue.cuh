@@ -1,5 +1,5 @@
 // The one epilogue of every kernel family (sm80, sm90, the cluster and workspace split-K
-// reductions):  D = act(alpha * acc + beta * C + bias), in float32 from the accumulator,
+// reductions):  D = act(alpha * rs[r] * cs[c] * acc + beta * C + bias), in float32 from the accumulator,
 // rounded once to D's type; optionally the pre-activation value to `aux` (what the backward
 // pass reads); or, for a split-K slice, the raw float32 partial product instead.
 //
@@ -77,6 +77,7 @@ __device__ __forceinline__ float load_as_float(const void* base, DType t, int64_
     case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
     case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
     case DType::kF32: return static_cast<const float*>(base)[i];
+    default: break;  // C is float16, bfloat16 or float32 (the FFI checks)
   }
   return 0.0f;
 }
@@ -89,13 +90,25 @@ __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
   return p.epi.scale ? EpiScale{p.epi.scale[0], p.epi.scale[1]} : EpiScale{p.epi.alpha, p.epi.beta};
 }
 
-// v[j] (row r, column col + j of batch item z) <- alpha * v[j] + beta * C + bias.
+// The scale of row r of item z (row_scale, 1 without) and of column c (col_scale; 1 without,
+// or past N): a scaled product's per-row / per-column factors.
+__device__ __forceinline__ float epi_row_scale(const EpilogueParams& ep, int64_t m, int64_t z,
+                                               int64_t r) {
+  return ep.row_scale ? __ldg(ep.row_scale + z * m + r) : 1.0f;
+}
+__device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t n, int64_t c) {
+  return ep.col_scale && c < n ? __ldg(ep.col_scale + c) : 1.0f;
+}
+
+// v[j] (row r, column col + j of batch item z) <- alpha * rs[r] * cs[col + j] * v[j] + beta * C
+// + bias.
 template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
   const EpilogueParams& ep = p.epi;
+  const float rs = s.alpha * epi_row_scale(ep, p.m, z, r);
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] *= s.alpha;
+  for (int j = 0; j < V; ++j) v[j] *= rs * epi_col_scale(ep, p.n, col + j);
   if (ep.c) {
     const int64_t base = z * ep.c_sb + r * ep.c_sr;
 #pragma unroll

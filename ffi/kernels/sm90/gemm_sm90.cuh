@@ -16,6 +16,12 @@
 //                  tile is rows of 64 k (128 bytes); an M/N-major one is 64-element-wide boxes
 //                  of 64 k rows, one box per 64 of M or N
 //
+// Operand types (Sm90Operands): float16 / bfloat16 in any layout (k tiles of 64, wgmma k16, float32
+// sums), or 8-bit operands read K-major (wgmma's only form for them; k tiles of 128, wgmma k32):
+// int8 (int32 sums, exact; stored as int32 or, through the epilogue, as floats) and fp8 e4m3 /
+// e5m2, whose k tile sums start at 0 in registers of their own and are added into the float32
+// sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32).
+//
 // Ragged (grouped) products (p.ragged, host/gemm_params.h) walk their groups' tiles with the
 // same pipeline: a group's tiles read its B item (rows) or its k range (contraction; the k
 // rows past the group's end in its last k tile are zeroed in shared memory before the wgmma
@@ -38,19 +44,13 @@
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/ragged.cuh"
+#include "kernels/sm90/epilogue_sm90.cuh"
 #include "host/gemm_params.h"
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
 namespace tcgemm {
-
-// Epilogue staging: each consumer warpgroup owns one panel of shared memory, 64 rows x 256
-// bytes (128 half or 64 float columns of its m64 block). A row's 16-byte chunks are XOR-
-// swizzled by the row (by twice the row for float, whose accumulator pairs are 8 bytes) so that
-// the accumulator writes (8 rows x 4 threads per warp) and the row-wise reads are both free of
-// bank conflicts.
-constexpr int kEpiBytes = 64 * 256;
 
 template <int CFG>
 struct Sm90Traits {
@@ -98,182 +98,45 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
          (uint64_t(stride >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-template <typename T, int BN, bool A_KMAJOR, bool B_KMAJOR>
-__device__ __forceinline__ void wgmma_tile(float (&acc)[BN / 2], uint64_t da, uint64_t db) {
-  constexpr int ta = A_KMAJOR ? 0 : 1, tb = B_KMAJOR ? 0 : 1;
-  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (BN == 256) ptx::wgmma_m64n256k16<ta, tb, bf16>(acc, da, db, 1);
-  else ptx::wgmma_m64n128k16<ta, tb, bf16>(acc, da, db, 1);
-}
+// The operand types of an sm90 kernel: A's and B's elements (the same but for the mixed fp8
+// pairs), the accumulator type, and the wgmma of one 32-byte k step of a 64 x BN block (k16 of
+// 16-bit operands, k32 of 8-bit ones). kPromote: a k tile's products are summed apart (from 0)
+// and then added into the float32 accumulators (fp8).
+template <typename TA, typename TB = TA>
+struct Sm90Operands {
+  using A = TA;
+  using B = TB;
+  static constexpr int kBytes = ElemTraits<TA>::kBytes;
+  static constexpr bool kInt = std::is_same_v<TA, int8_t>;
+  static constexpr bool kPromote = kBytes == 1 && !kInt;
+  using Acc = std::conditional_t<kInt, int, float>;
+  static constexpr int kKTile = 128 / kBytes;  // elements of a k tile: one 128-byte row
+  static_assert(ElemTraits<TB>::kBytes == kBytes && (kBytes == 2 || kBytes == 1),
+                "A and B: both 16-bit or both 8-bit");
+  static_assert(kBytes == 2 ? std::is_same_v<TA, TB> : kInt == std::is_same_v<TB, int8_t>,
+                "16-bit operands of one type; int8 with int8; fp8 with fp8");
 
-template <typename Out>
-__device__ __forceinline__ int epi_offset(int row, int byte) {  // byte: within the row's 256
-  constexpr int kShift = sizeof(Out) == 4 ? 1 : 0;
-  return row * 256 + (((byte >> 4) ^ ((row & 7) << kShift)) << 4) + (byte & 15);
-}
-
-template <typename Out>
-__device__ __forceinline__ void put_pair(char* dst, float v0, float v1) {
-  if constexpr (std::is_same_v<Out, float>) {
-    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-  } else {
-    struct alignas(4) Out2 { Out x[2]; } o{{convert<Out>(v0), convert<Out>(v1)}};
-    *reinterpret_cast<Out2*>(dst) = o;
-  }
-}
-
-// A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh), times `scale`,
-// to the M x N matrix at `c` (D of one batch item when the epilogue is no more than alpha, or a
-// split-K slice's raw partials), converted to Out before staging, one panel at a time through
-// its staging panel `epi`: the warpgroup writes the panel, then stores whole
-// rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
-// are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
-// elements). Nothing at or past row `row_end` or column N is written. `bar`: the warpgroup's
-// named barrier.
-template <typename Out, int BN>
-__device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const float (&acc)[BN / 2],
-                                            float scale, int64_t row0, int64_t col0,
-                                            int64_t row_end, int t, char* epi, uint32_t bar) {
-  constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
-  constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
-  static_assert(BN % kCols == 0, "whole panels");
-  const int lane = t & 31, warp = t >> 5;
-  const int r = warp * 16 + (lane >> 2);  // this thread's accumulator rows: r and r + 8
-  const bool vec = (p.n * int64_t(sizeof(Out))) % 16 == 0 &&
-                   (reinterpret_cast<uintptr_t>(c) & 15) == 0;
-#pragma unroll
-  for (int panel = 0; panel < BN / kCols; ++panel) {
-    ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
-#pragma unroll
-    for (int jj = 0; jj < kCols / 8; ++jj) {
-      const int j = panel * (kCols / 8) + jj;
-      const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-      put_pair<Out>(epi + epi_offset<Out>(r, byte), scale * acc[4 * j], scale * acc[4 * j + 1]);
-      put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), scale * acc[4 * j + 2],
-                    scale * acc[4 * j + 3]);
-    }
-    ptx::named_barrier_sync(bar, 128);  // the panel is complete
-    const int64_t pc = col0 + panel * kCols;
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
-        const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
-        const int64_t gr = row0 + row, gc = pc + q * kVec;
-        if (gr >= row_end || gc >= p.n) continue;
-        // gc and N are multiples of kVec (col0 of BN, N of 16 bytes): the chunk ends by N
-        *reinterpret_cast<uint4*>(c + gr * p.n + gc) =
-            *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
-      }
+  template <int BN, bool A_KMAJOR, bool B_KMAJOR>
+  __device__ __forceinline__ static void mma(Acc (&d)[BN / 2], uint64_t da, uint64_t db,
+                                             int scale_d) {
+    if constexpr (kBytes == 2) {
+      constexpr int ta = A_KMAJOR ? 0 : 1, tb = B_KMAJOR ? 0 : 1;
+      constexpr bool bf16 = std::is_same_v<TA, __nv_bfloat16>;
+      if constexpr (BN == 256) ptx::wgmma_m64n256k16<ta, tb, bf16>(d, da, db, scale_d);
+      else ptx::wgmma_m64n128k16<ta, tb, bf16>(d, da, db, scale_d);
     } else {
-      for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15
-        const int row = warp * 16 + rr;
-        const int64_t gr = row0 + row;
-        if (gr >= row_end) break;
-#pragma unroll
-        for (int u = 0; u < kCols / 32; ++u) {
-          const int e = lane + 32 * u;
-          if (pc + e < p.n)
-            c[gr * p.n + pc + e] =
-                *reinterpret_cast<const Out*>(epi + epi_offset<Out>(row, e * int(sizeof(Out))));
-        }
+      static_assert(A_KMAJOR && B_KMAJOR, "wgmma reads 8-bit operands K-major only");
+      if constexpr (kInt) {
+        if constexpr (BN == 256) ptx::wgmma_m64n256k32_s8(d, da, db, scale_d);
+        else ptx::wgmma_m64n128k32_s8(d, da, db, scale_d);
+      } else {
+        static_assert(BN == 128, "fp8: pieces of 128 columns (gemm_sm90_kernel)");
+        ptx::wgmma_m64n128k32_fp8<std::is_same_v<TA, __nv_fp8_e5m2>,
+                                  std::is_same_v<TB, __nv_fp8_e5m2>>(d, da, db, scale_d);
       }
     }
   }
-}
-
-// The full epilogue (kernels/common/epilogue.cuh) on a consumer warpgroup's 64 x BN
-// accumulators of batch item z (D's item at element d_item; rows below row_end): the raw
-// float32 accumulators go through the staging panel 64 columns at a time; in the copy-out a
-// thread owns one 16-byte chunk (4 columns, coalesced with its neighbours') of 8 rows of the
-// panel. Everything it reads from global memory for the panel (the columns' bias, and C's 8 x 4
-// values) is loaded before any of it is used, so a panel waits for one memory round trip, not
-// one per row (under the other warpgroup's TMA traffic a round trip is long: 32 of them per
-// tile made the epilogue longer than a ping-pong main loop, benchmarks/NOTES.md v32). The
-// pre-activation values go back to the thread's own places in the panel (unrolled: FMAs only);
-// the activation and the stores then run in a loop that is not unrolled, reading the panel.
-// The panel loop is unrolled, so that each panel's accumulators die once staged.
-template <typename Out>
-__device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, char* epi,
-                                             const float (&cv)[8][4], const float (&colv)[4],
-                                             int64_t d_item, int64_t row0, int64_t gc,
-                                             int64_t row_end, int cols, int t) {
-  const int q = t & 15, rb = t >> 4;
-  const bool vec = p.n % 4 == 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {  // pre-activation, in place (this thread's chunks only)
-    float4* const at = reinterpret_cast<float4*>(epi + epi_offset<float>(rb + 8 * i, q * 16));
-    const float4 x = *at;
-    *at = make_float4(s.alpha * x.x + s.beta * cv[i][0] + colv[0],
-                      s.alpha * x.y + s.beta * cv[i][1] + colv[1],
-                      s.alpha * x.z + s.beta * cv[i][2] + colv[2],
-                      s.alpha * x.w + s.beta * cv[i][3] + colv[3]);
-  }
-  // One loop per activation (the switch outside it): the loop that runs is small and
-  // straight, beside the other warpgroup's main loop (a switch per element made any
-  // activation cost ~10% of a ping-pong product, relu as much as gelu_tanh: v32).
-  with_activation(p.epi.act, [&](auto act) {
-#pragma unroll 1
-    for (int i = 0; i < 8; ++i) {
-      const int row = rb + 8 * i;
-      const int64_t gr = row0 + row;
-      if (gr >= row_end || cols == 0) continue;
-      const float4 x = *reinterpret_cast<const float4*>(epi + epi_offset<float>(row, q * 16));
-      float v[4] = {x.x, x.y, x.z, x.w};
-      const int64_t off = d_item + gr * p.n + gc;
-      if (p.epi.aux) store_vec<Out, 4>(static_cast<Out*>(p.epi.aux) + off, v, cols, vec);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = activate_for<Out>(decltype(act)::value, v[j]);
-      store_vec<Out, 4>(static_cast<Out*>(p.d) + off, v, cols, vec);
-    }
-  });
-}
-
-template <typename Out, int BN>
-__device__ __forceinline__ void epi_block(const GemmParams& p, const float (&acc)[BN / 2],
-                                          int64_t z, int64_t d_item, int64_t row0, int64_t col0,
-                                          int64_t row_end, int t, char* epi, uint32_t bar) {
-  constexpr int kPanels = BN / 64;  // of 64 float32 columns
-  const int lane = t & 31, warp = t >> 5;
-  const int r = warp * 16 + (lane >> 2);
-  const EpiScale s = epi_scale(p);
-  const EpilogueParams& ep = p.epi;
-  const int q = t & 15, rb = t >> 4;  // copy-out: chunk q of rows rb, rb + 8, ..., rb + 56
-#pragma unroll
-  for (int panel = 0; panel < kPanels; ++panel) {
-    const int64_t gc = col0 + panel * 64 + q * 4;
-    const int cols = static_cast<int>(max(int64_t(0), min(p.n - gc, int64_t(4))));
-    float colv[4];  // bias of the chunk's columns (0 past N)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
-    ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const int j = panel * 8 + jj;
-      const int byte = (8 * jj + 2 * (lane & 3)) * 4;
-      put_pair<float>(epi + epi_offset<float>(r, byte), acc[4 * j], acc[4 * j + 1]);
-      put_pair<float>(epi + epi_offset<float>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
-    }
-    // loaded once the panel's accumulators are staged (their registers free), in flight while
-    // the barrier waits for the other threads' staging
-    float cv[8][4] = {};  // C of the chunk's rows (0 past M and N)
-    if (ep.c) {
-      with_dtype(ep.c_type, [&](auto c0) {
-        using C = decltype(c0);
-        const C* const c = static_cast<const C*>(ep.c) + z * ep.c_sb + gc * ep.c_sc;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int64_t gr = row0 + rb + 8 * i;
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (gr < row_end && j < cols) cv[i][j] = to_float(c[gr * ep.c_sr + j * ep.c_sc]);
-        }
-      });
-    }
-    ptx::named_barrier_sync(bar, 128);  // the panel is complete
-    epi_copy_out<Out>(p, s, epi, cv, colv, d_item, row0, gc, row_end, cols, t);
-  }
-}
+};
 
 // The next k tile (k0) of one operand into its stage at `dst`: a K-major tile is one box of
 // 64 k x ROWS rows at (k0, mn0); an M/N-major one is ROWS/64 boxes of 64 (M or N) x 64 k rows
@@ -360,12 +223,18 @@ struct Sm90Sched {
   }
 };
 
-template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR>
+template <typename Ops, int CFG, bool A_KMAJOR, bool B_KMAJOR>
 __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_a,
                      const __grid_constant__ CUtensorMap map_b) {
 #if TCGEMM_SM90A
   using Tr = Sm90Traits<CFG>;
+  using Acc = typename Ops::Acc;
+  constexpr int kKTile = Ops::kKTile;  // elements of a k tile (64 16-bit, 128 8-bit)
+  static_assert(Ops::kBytes == 2 || (A_KMAJOR && B_KMAJOR), "8-bit operands are read K-major");
+  static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && kKTile == 128),
+                "fp8: a k tile is one 128-slice of K, pieces of 128 columns (the block scales' "
+                "blocks)");
   extern __shared__ __align__(1024) char smem_raw[];
   __shared__ __align__(8) uint64_t full[Tr::kStages], empty[Tr::kStages];
   const uint32_t smem = (ptx::cvta_to_shared(smem_raw) + 1023u) & ~1023u;
@@ -392,14 +261,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::prefetch_tensormap(&map_b);
     int s = 0;
     uint32_t phase = 0;
-    const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+    const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
     Sm90Work wk;
     for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
       for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
-        const int k0 = wk.kbase + kt * Tr::kBK;
+        const int k0 = wk.kbase + kt * kKTile;
         tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
         tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
@@ -432,14 +301,32 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr uint32_t kMnLead = Tr::kBox, kMnStride = 1024;
   int s = 0;
   uint32_t phase = 0;
-  float acc[Tr::kMB][Tr::kBN / 2];
-  // An epilogue of no more than alpha takes the short path (store_block); any other the full
-  // one (epi_block).
-  const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.scale &&
-                      p.epi.act == Activation::kNone;
-  const float alpha = p.epi.alpha;
-  const Sm90Sched<Tr::kBM, Tr::kBN, Tr::kBK> sched;
+  Acc acc[Tr::kMB][Tr::kBN / 2];
+  // fp8: a k tile piece's partial sums, and the block scales of the next k tile (bsa: the
+  // thread's rows r and r + 8 of each m64 block; bsb: the tile's 128-column blocks)
+  constexpr int kHalves = Tr::kBN / 128;
+  float part[Ops::kPromote ? 64 : 1];
+  // An epilogue of no more than alpha (a number, or read from the device) takes the short path
+  // (store_block); any other the full one (epi_block).
+  const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.row_scale &&
+                      !p.epi.col_scale && p.epi.act == Activation::kNone;
+  const float alpha = simple ? epi_scale(p).alpha : 1.0f;
+  const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
+  float bsa[Tr::kMB][2], bsb[kHalves];
+  auto load_block_scales = [&](int kt) {
+    const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      bsb[h] = wk.n0 / 128 + h < nb ? __ldg(p.block_sb + kb * nb + wk.n0 / 128 + h) : 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < Tr::kMB; ++mb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t row = wk.m0 + 64 * (mb0 + mb) + (t >> 5) * 16 + ((t & 31) >> 2) + 8 * e;
+        bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.m + row) : 0.0f;
+      }
+  };
   int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
   for (int64_t w = w_first;; w += w_step) {
     if constexpr (Tr::kPingPong) {
@@ -459,11 +346,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
-      for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = 0.0f;
+      for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = Acc(0);
     int prev = -1;
+    if constexpr (Ops::kPromote) {
+      if (p.block_sa && wk.ktiles > 0) load_block_scales(0);
+    }
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
-      if constexpr (!A_KMAJOR && !B_KMAJOR) {
+      if constexpr (!A_KMAJOR && !B_KMAJOR) {  // (16-bit operands only)
         // Ragged contraction: the last k tile of a group ends inside the stage; its other k
         // rows (another group's) are zeroed in both operands, by the warpgroups that read the
         // stage, before any wgmma reads them. A k row of an M/N-major box is one 128-byte line (the swizzle
@@ -482,25 +372,68 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
           ptx::named_barrier_sync(zero_bar, kZeroThreads);
         }
       }
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < Tr::kBK / 16; ++j) {
-        // A k16 step is 32 bytes along a K-major row, 16 rows of 128 bytes down an M/N-major
-        // box. m64 block b of A is box b (M-major) or rows 64 b.. (K-major): kBox * b bytes in.
-        const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
-                                     : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
+      if constexpr (Ops::kPromote) {
+        // fp8: the k tile in pieces of one m64 block x 128 columns, each summed from 0 into
+        // `part` (4 wgmma k32), then, once complete, times its block scales (DeepSeek-V3; 1
+        // without) added to the float32 sums. The scales of the next k tile are loaded during
+        // this one's first piece (a global load's latency exceeds a piece's tensor-core time).
+        float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
-          const uint32_t a = a_stage(s) + (mb0 + mb) * Tr::kBox;
-          const uint64_t da = A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
-                                       : smem_desc(a + 2048 * j, kMnLead, kMnStride);
-          wgmma_tile<T, Tr::kBN, A_KMAJOR, B_KMAJOR>(acc[mb], da, db);
+          csa[mb][0] = bsa[mb][0];
+          csa[mb][1] = bsa[mb][1];
         }
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) csb[h] = bsb[h];
+#pragma unroll
+        for (int mb = 0; mb < Tr::kMB; ++mb) {
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            ptx::wgmma_fence();  // part's last reads (the previous piece) come first
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              Ops::template mma<128, true, true>(
+                  part, smem_desc(a_stage(s) + (mb0 + mb) * Tr::kBox + 32 * j, 16, 1024),
+                  smem_desc(b_stage(s) + h * 128 * 128 + 32 * j, 16, 1024), j > 0);
+            ptx::wgmma_commit_group();
+            if (mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
+              load_block_scales(kt + 1);
+            ptx::wgmma_wait_group<0>();
+            if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0)
+              ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
+            if (p.block_sa) {
+#pragma unroll
+              for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
+                acc[mb][64 * h + i] =
+                    fmaf(part[i], csa[mb][(i >> 1) & 1] * csb[h], acc[mb][64 * h + i]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < 64; ++i) acc[mb][64 * h + i] += part[i];
+            }
+          }
+        }
+      } else {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          // A k step (k16 of 16-bit, k32 of 8-bit operands) is 32 bytes along a K-major row,
+          // 16 rows of 128 bytes down an M/N-major box. m64 block b of A is box b (M-major) or
+          // rows 64 b.. (K-major): kBox * b bytes in.
+          const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
+                                       : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
+#pragma unroll
+          for (int mb = 0; mb < Tr::kMB; ++mb) {
+            const uint32_t a = a_stage(s) + (mb0 + mb) * Tr::kBox;
+            const uint64_t da = A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
+                                         : smem_desc(a + 2048 * j, kMnLead, kMnStride);
+            Ops::template mma<Tr::kBN, A_KMAJOR, B_KMAJOR>(acc[mb], da, db, 1);
+          }
+        }
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
+        if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
+        prev = s;
       }
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
-      if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
-      prev = s;
       if (++s == Tr::kStages) { s = 0; phase ^= 1; }
     }
     if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
@@ -517,6 +450,10 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         store_block<float, Tr::kBN>(
             p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], 1.0f,
             row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+      } else if (Ops::kInt && p.d_type == DType::kS32) {  // the exact int8 product
+        if constexpr (Ops::kInt)
+          store_block<int32_t, Tr::kBN>(p, static_cast<int32_t*>(p.d) + wk.d_item(p), acc[mb],
+                                        1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
       } else if (simple) {  // no more than alpha: convert before staging (half the panels)
         with_dtype(p.d_type, [&](auto out) {
           using Out = decltype(out);

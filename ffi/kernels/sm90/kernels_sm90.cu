@@ -1,6 +1,7 @@
-// Hopper kernels (every sm90 config x layout x input type) and their launch: TMA tensor maps
-// built on the host, one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt);
-// the dispatcher calls LaunchSm90 only on compute capability 9.0.
+// Hopper kernels (every sm90 config x layout x 16-bit input type) and the launch of any sm90
+// kernel (these and the 8-bit ones of kernels_sm90_byte.cu): TMA tensor maps built on the host,
+// one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt); the dispatcher calls
+// LaunchSm90 only on compute capability 9.0.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -13,6 +14,7 @@
 #include "host/gemm_dispatch.h"
 #include "kernels/common/element.cuh"
 #include "kernels/sm90/gemm_sm90.cuh"
+#include "kernels/sm90/sm90_entry.h"
 
 namespace tcgemm {
 namespace {
@@ -33,13 +35,16 @@ Encode EncodeFn() {
   return fn;
 }
 
-// 3-D map of an operand stored as `items` matrices of rows x cols (cols contiguous, rows `ld`
-// elements apart, items `item_stride` apart), read in boxes of 64 columns x box_rows rows with
-// the 128-byte swizzle. Reads outside the matrix return zeros.
-template <typename T>
-std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-                          int64_t items, int64_t ld, int64_t item_stride, int box_rows) {
-  constexpr int kBytes = ElemTraits<T>::kBytes;
+// 3-D map of an operand of type T (DType) stored as `items` matrices of rows x cols (cols
+// contiguous, rows `ld` elements apart, items `item_stride` apart), read in boxes of 128 bytes
+// of columns x box_rows rows with the 128-byte swizzle. Reads outside the matrix return zeros.
+std::string EncodeOperand(CUtensorMap* map, DType t, const void* base, int64_t cols,
+                          int64_t rows, int64_t items, int64_t ld, int64_t item_stride,
+                          int box_rows) {
+  const int kBytes = DTypeBytes(t);
+  CUtensorMapDataType tma = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  with_dtype(t, [&](auto e) { tma = ElemTraits<decltype(e)>::kTma; });
+  with_byte_operand(t, [&](auto e) { tma = ElemTraits<decltype(e)>::kTma; });
   const Encode encode = EncodeFn();
   if (!encode) return "cuTensorMapEncodeTiled is not available from the CUDA driver";
   const cuuint64_t dims[3] = {cuuint64_t(std::max<int64_t>(cols, 1)),
@@ -47,9 +52,9 @@ std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int6
   const int64_t item_bytes = (item_stride ? item_stride : rows * ld) * kBytes;
   const cuuint64_t strides[2] = {cuuint64_t(ld * kBytes),
                                  cuuint64_t(std::max<int64_t>(item_bytes, 16))};
-  const cuuint32_t box[3] = {128 / kBytes, cuuint32_t(box_rows), 1};  // 128-byte swizzle rows
+  const cuuint32_t box[3] = {cuuint32_t(128 / kBytes), cuuint32_t(box_rows), 1};  // 128-byte rows
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, ElemTraits<T>::kTma, 3, const_cast<void*>(base), dims,
+  const CUresult r = encode(map, tma, 3, const_cast<void*>(base), dims,
                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -58,24 +63,13 @@ std::string EncodeOperand(CUtensorMap* map, const void* base, int64_t cols, int6
   return {};
 }
 
-struct Sm90Entry {
-  const void* fn;
-  int threads, smem_bytes, bm, bn;
-};
-
-template <typename T, int CFG, bool AK, bool BK>
-Sm90Entry MakeSm90() {
-  using Tr = Sm90Traits<CFG>;
-  return {reinterpret_cast<const void*>(&gemm_sm90_kernel<T, CFG, AK, BK>), Tr::kThreads,
-          Tr::kSmemBytes, Tr::kBM, Tr::kBN};
-}
-
 // Entries of config CFG in layout order (a_kmajor * 2 + b_kmajor); sm80 rows have none.
 template <typename T, int CFG>
 std::array<Sm90Entry, 4> Sm90Entries() {
   if constexpr (kConfigs[CFG].kind == Kind::kSm90) {
-    return {MakeSm90<T, CFG, false, false>(), MakeSm90<T, CFG, false, true>(),
-            MakeSm90<T, CFG, true, false>(), MakeSm90<T, CFG, true, true>()};
+    using O = Sm90Operands<T>;
+    return {MakeSm90<O, CFG, false, false>(), MakeSm90<O, CFG, false, true>(),
+            MakeSm90<O, CFG, true, false>(), MakeSm90<O, CFG, true, true>()};
   } else {
     return {};
   }
@@ -87,41 +81,53 @@ Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>
   return table[config][layout];
 }
 
-std::atomic<uint64_t> g_configured[2][kNumConfigs][4];  // [in_type]  // shared-memory limit raised, per device
+// Shared-memory limit raised, per device: 16-bit kernels [in_type][config][layout], 8-bit ones
+// [a's type - kE4M3][b's type - kE4M3][config] (K-major only).
+std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
+std::atomic<uint64_t> g_byte_configured[3][3][kNumConfigs];
 
 }  // namespace
 
-std::string LaunchSm90(const GemmParams& p, int config, InType in_type, bool a_kmajor,
-                       bool b_kmajor, int device, int sms, cudaStream_t stream) {
+std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b_type,
+                       bool a_kmajor, bool b_kmajor, int device, int sms, cudaStream_t stream) {
   const int layout = int(a_kmajor) * 2 + int(b_kmajor);
-  if (in_type != DType::kF16 && in_type != DType::kBF16) return "sm90 operands are 16-bit";
+  const bool byte = IsByteOperand(in_type);
+  if (!byte && in_type != DType::kF16 && in_type != DType::kBF16)
+    return "sm90 operands are 16-bit or 8-bit";
+  if (byte && !(IsByteOperand(b_type) && a_kmajor && b_kmajor))
+    return "8-bit operands run K-major (A as [M][K], B as [N][K]) and both 8-bit";
+  if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
   const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
   // B's items: the groups' matrices (ragged rows), the batch, or one shared matrix.
   const int64_t b_items = p.ragged.mode == RaggedMode::kRows ? std::max(p.ragged.groups, 1)
                                                             : (p.stride_b ? p.batch : 1);
   Sm90Entry k{};
-  CUtensorMap map_a, map_b;
-  std::string err;
-  with_dtype(in_type, [&](auto elem) {  // the one dispatch on the operand type
-    using T = decltype(elem);
-    if constexpr (!std::is_same_v<T, float>) {
-      k = LookupSm90<T>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
-      if (!k.fn || work == 0) return;
-      const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
-      const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
-      err = EncodeOperand<T>(&map_a, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1, p.lda,
-                             p.stride_a, a_kmajor ? k.bm : 64);
-      if (err.empty())
-        err = EncodeOperand<T>(&map_b, p.b, b_cols, b_rows, b_items, p.ldb, p.stride_b,
-                               b_kmajor ? k.bn : 64);
-    }
-  });
-  if (!k.fn) return "config is not an sm90 row";
+  if (byte) {
+    k = Sm90ByteEntry(config, in_type, b_type);
+    if (!k.fn) return "config " + ConfigNames()[config] + " has no kernel for 8-bit operands";
+  } else {
+    with_dtype(in_type, [&](auto elem) {  // the one dispatch on the 16-bit operand type
+      using T = decltype(elem);
+      if constexpr (!std::is_same_v<T, float>)
+        k = LookupSm90<T>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
+    });
+    if (!k.fn) return "config is not an sm90 row";
+  }
   if (work == 0) return {};
+  CUtensorMap map_a, map_b;
+  const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
+  const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
+  std::string err = EncodeOperand(&map_a, in_type, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1,
+                                  p.lda, p.stride_a, a_kmajor ? k.bm : 64);
+  if (err.empty())
+    err = EncodeOperand(&map_b, b_type, p.b, b_cols, b_rows, b_items, p.ldb, p.stride_b,
+                        b_kmajor ? k.bn : 64);
   if (!err.empty()) return err;
 
-  auto& raised = g_configured[int(in_type)][config][layout];
+  auto& raised = byte ? g_byte_configured[int(in_type) - int(DType::kE4M3)]
+                                         [int(b_type) - int(DType::kE4M3)][config]
+                      : g_configured[int(in_type)][config][layout];
   if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));

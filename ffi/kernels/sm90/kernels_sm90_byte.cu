@@ -1,0 +1,45 @@
+// Hopper kernels for 8-bit operands (K-major A and B): int8 x int8 on the sm90 rows with
+// HasByteKernels(cfg, false), the fp8 pairs e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3 on those with
+// HasByteKernels(cfg, true). Compiled for sm_90a only, beside kernels_sm90.cu, whose
+// LaunchSm90 launches them.
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "host/gemm_config.h"
+#include "kernels/common/element.cuh"
+#include "kernels/sm90/gemm_sm90.cuh"
+#include "kernels/sm90/sm90_entry.h"
+
+namespace tcgemm {
+namespace {
+
+template <typename TA, typename TB, int CFG>
+Sm90Entry ByteEntry() {
+  constexpr bool fp8 = !std::is_same_v<TA, int8_t>;
+  if constexpr (HasByteKernels(CFG, fp8)) return MakeSm90<Sm90Operands<TA, TB>, CFG, true, true>();
+  else return Sm90Entry{};
+}
+
+template <typename TA, typename TB, int... CFGs>
+Sm90Entry Lookup(int config, std::integer_sequence<int, CFGs...>) {
+  static const Sm90Entry table[] = {ByteEntry<TA, TB, CFGs>()...};
+  return table[config];
+}
+
+}  // namespace
+
+Sm90Entry Sm90ByteEntry(int config, DType a, DType b) {
+  const auto cfgs = std::make_integer_sequence<int, kNumConfigs>{};
+  using E4 = __nv_fp8_e4m3;
+  using E5 = __nv_fp8_e5m2;
+  if (config < 0 || config >= kNumConfigs) return {};
+  if (a == DType::kS8 && b == DType::kS8) return Lookup<int8_t, int8_t>(config, cfgs);
+  if (a == DType::kE4M3 && b == DType::kE4M3) return Lookup<E4, E4>(config, cfgs);
+  if (a == DType::kE4M3 && b == DType::kE5M2) return Lookup<E4, E5>(config, cfgs);
+  if (a == DType::kE5M2 && b == DType::kE4M3) return Lookup<E5, E4>(config, cfgs);
+  return {};
+}
+
+}  // namespace tcgemm
