@@ -402,6 +402,36 @@ class _Progress:
         print(line, flush=True)
 
 
+def filter_cases(cs: list, spec: str | None) -> list:
+    """The cases whose names match one of the comma-separated globs of --cases (all if none)."""
+    pats = [p.strip() for p in (spec or "").split(",") if p.strip()]
+    return [c for c in cs if any(fnmatch.fnmatchcase(c.name, p) for p in pats)] if pats else cs
+
+
+def run_rows(cs: list, run_one, fmt, json_path, meta) -> list:
+    """run_one(case) -> row for each case of a suite with its own rows (ragged, lowp): an
+    exception becomes the row's `error` and the run goes on; each row is printed (fmt) and the
+    JSON rewritten after it (a run cut short keeps what it measured). Returns the rows."""
+    rows, prog = [], _Progress(len(cs))
+    for case in cs:
+        prog.start(case.name)
+        try:
+            row = run_one(case)
+        except Exception as e:  # noqa: BLE001 (recorded, the run goes on)
+            row = {f: getattr(case, f) for f in ("suite", "name", "m", "n", "k", "groups", "dtype")
+                   if hasattr(case, f)}
+            row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        finally:
+            gc.collect()
+        rows.append(row)
+        prog.emit(fmt(row))
+        if json_path:
+            write_json(json_path, rows, meta)
+    if prog.bar is not None:
+        prog.bar.close()
+    return rows
+
+
 def cpu_demo() -> int:
     """No GPU: show the CPU fallback computing the right thing on a small batched product and
     a fused epilogue (bias + gelu_tanh, against float64)."""
@@ -434,7 +464,7 @@ def cpu_demo() -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_tcgemm.bench",
                                 description="Time jax_tcgemm (tcgemm) against jnp on the GPU.")
-    p.add_argument("--suite", choices=SUITES + ("ragged", "all"), default="all")
+    p.add_argument("--suite", choices=SUITES + ("ragged", "lowp", "all"), default="all")
     p.add_argument("--dtype", choices=tuple(DTYPE_CHOICES), default="both")
     p.add_argument("--json", metavar="PATH", help="default on GPU: benchmarks/results/<gpu>.json")
     p.add_argument("--plot", metavar="PATH", help="PNG bar chart of TFLOP/s per case")
@@ -474,6 +504,9 @@ def main(argv=None) -> int:
     if args.suite == "ragged":  # its own rows, sides and record: bench_ragged.py
         from . import bench_ragged
         return bench_ragged.run(args, argv)
+    if args.suite == "lowp":  # fp8 / int8 (tg.scaled_matmul): bench_lowp.py
+        from . import bench_lowp
+        return bench_lowp.run(args, argv)
     try:
         cs = select_cases(args)
     except ValueError as e:

@@ -19,7 +19,6 @@ GEMM record, which a ragged-only run would overwrite).
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import gc
 import math
 import sys
@@ -254,9 +253,7 @@ def run(args, argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.cases:
-        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
-        cs = [c for c in cs if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
+    cs = bench.filter_cases(cs, args.cases)
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
@@ -270,22 +267,8 @@ def run(args, argv=None) -> int:
     print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
           f"{' (dirty)' if meta['dirty'] else ''}  reps {args.reps}")
     print(HEADER, flush=True)
-    rows, prog = [], bench._Progress(len(cs))
-    for case in cs:
-        prog.start(case.name)
-        try:
-            row = run_case(case, args.reps, mem_limit, not args.no_barrier)
-        except Exception as e:  # noqa: BLE001 (recorded, the run goes on)
-            row = {"suite": case.suite, "name": case.name, "m": case.m, "n": case.n,
-                   "k": case.k, "groups": case.groups, "dtype": case.dtype, "error": _short(e)}
-        finally:
-            gc.collect()
-        rows.append(row)
-        prog.emit(format_row(row))
-        if json_path:
-            bench.write_json(json_path, rows, meta)
-    if prog.bar is not None:
-        prog.bar.close()
+    rows = bench.run_rows(cs, lambda c: run_case(c, args.reps, mem_limit, not args.no_barrier),
+                          format_row, json_path, meta)
     print(f"\ngeomean tcgemm / lax.ragged_dot {bench.geomean([r.get('ratio') for r in rows]):.3f}"
           f", tcgemm / dense {bench.geomean([r.get('vs_dense') for r in rows]):.3f}")
     if json_path:

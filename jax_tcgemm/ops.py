@@ -159,6 +159,32 @@ def _plan(lhs_shape, rhs_shape, lc, rc, lb, rb):
     return best[1], best[2], best[3]
 
 
+def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                  out_sharding):
+    """int8 x int8 -> int32 (lax's result type for that preferred_element_type) with one
+    contracting dim, no batch dims and a 2-D rhs: through tg.scaled_matmul (the sm90 int8
+    kernel where it runs, lax elsewhere: the same exact int32); None for every other case."""
+    if (np.dtype(lhs.dtype) != np.int8 or np.dtype(rhs.dtype) != np.int8 or rhs.ndim != 2
+            or out_sharding is not None):
+        return None
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        want = jax.eval_shape(
+            lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
+                                          preferred_element_type=preferred_element_type),
+            jax.ShapeDtypeStruct(lhs.shape, lhs.dtype), jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
+    except Exception:  # noqa: BLE001 (lax's own error comes from the lax call)
+        return None
+    if np.dtype(want.dtype) != np.int32 or len(lc) != 1 or lb or rb or lhs.ndim < 1:
+        return None
+    from .scaled import scaled_matmul
+    lcd, rcd = lc[0] % lhs.ndim, rc[0] % 2
+    a = jnp.moveaxis(lhs, lcd, -1)
+    a2 = a.reshape((-1, a.shape[-1]))
+    out = scaled_matmul(a2, rhs, None, None, out_dtype=jnp.int32, transpose_b=rcd == 1)
+    return out.reshape(want.shape)
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                 out_sharding=None):
     """Drop-in for `lax.dot_general` on the tensor cores (same signature and result).
@@ -180,6 +206,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                         f"((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)); got "
                         f"{dimension_numbers!r}") from None
     if not _kernel_dtype(lhs, rhs):
+        out = _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                            out_sharding)
+        if out is not None:
+            return out
         return _lax_dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                 preferred_element_type=preferred_element_type,
                                 out_sharding=out_sharding)

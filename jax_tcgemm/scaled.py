@@ -3,12 +3,20 @@ block scales, composed with the fused epilogue (issue 26).
 
     D = act(sum_k a[m,k] * b[k,n] * scale(m, n, k) + beta * C + bias)
 
-in float32 (int8: exact int32 products), rounded once to out_dtype. STATUS: there is no fused
-kernel yet. On every platform, GPU included, this module computes the product through XLA
-(lax.dot_general with float32 / int32 accumulation, scales applied to the float32 accumulator,
-never to a dequantised copy of a or b); it is the reference the fp8 / int8 kernels of issue 26
-will be tested against. Rules (shapes, dtypes, scale forms) are pure functions of shapes and
-dtypes, checked at trace time.
+in float32 (int8: exact int32 products), rounded once to out_dtype.
+
+Two paths compute it, with the same numbers (up to float32 summation order):
+- the kernels: on a GPU of compute capability 9.0, for K a multiple of 16, one call of the sm90
+  8-bit kernels (wgmma; ffi/kernels/sm90/kernels_sm90_byte.cu) does the product, the scales
+  (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue. They read b
+  K-major, as (N, K): a b given as (K, N) is transposed by XLA first (one copy of b; pass
+  transpose_b=True with a (N, K) b to avoid it);
+- lax (everywhere else: CPU, other GPUs, K not a multiple of 16, int8 with block scales):
+  lax.dot_general with float32 / int32 accumulation, the scales applied to the float32
+  accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels' tests, and it defines
+  the derivatives of both paths.
+Rules (shapes, dtypes, scale forms) are pure functions of shapes and dtypes, checked at trace
+time.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 # As imported: a user may monkeypatch jax.lax.dot_general = tg.dot_general.
 from jax.lax import dot_general as _lax_dot_general
 
-from . import epilogue
+from . import _ffi, configs, epilogue, problem
 from .ops import _as_array
 
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
@@ -208,14 +216,127 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 
 
 # ---------------------------------------------------------------------------------------------
+# The kernel path: one custom call (ffi/xla/gemm_ffi.cc with 8-bit operands) computes what
+# _reference computes. Its derivatives are _reference's (the scales, c, bias and beta enter
+# linearly or through the activation; a and b have none).
+
+def _reference(a2, b, sa, sb, c3, bias2, scale, st):
+    form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
+    if out_dtype == I32:  # int8 x int8 -> int32: exact, nothing else
+        dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
+        return _lax_dot_general(a2, b, dn, preferred_element_type=jnp.int32).reshape(bsz, m, n)
+    acc = _product(a2, b, sa, sb, form, transpose_b, kind)
+    return epilogue.apply(acc.reshape(bsz, m, n), c3, bias2, scale, alpha=al, beta=be,
+                          activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
+
+
+def _kernel(a2, b, sa, sb, c3, bias2, scale, st, config):
+    """The product on the sm90 8-bit kernels: a2 (R, K), b (N, K) after the transpose (K-major),
+    sa None / () / (R,), sb None / () / (N,): per-tensor scales fold into alpha (read on the
+    device), the others are the epilogue's row and column scales. Block form: sa (R, Kb) and sb
+    (Kb, Nb), applied in the kernel's main loop (passed as (Kb, R) and (Kb, Nb))."""
+    form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
+    r, k = a2.shape
+    bk = b if transpose_b else b.T  # wgmma reads 8-bit operands K-major only
+    int_out = out_dtype == I32
+    args = [a2[None], bk[None]]
+    if c3 is not None:
+        if c3.shape[0] != 1 or (bsz > 1 and c3.shape[1] != 1):  # the batch folds into the rows
+            c3 = jnp.broadcast_to(c3, (bsz, m, c3.shape[2])).reshape(1, r, c3.shape[2])
+        args.append(c3)
+    if bias2 is not None:
+        args.append(bias2)
+    block = form == "block"
+    row = not block and sa is not None and sa.ndim == 1
+    col = not block and sb is not None and sb.ndim == 1
+    if not int_out:  # [alpha, beta]: the per-tensor scales' product, beta (static or traced)
+        alpha = jnp.float32(al)
+        for x in (sa, sb):
+            if not block and x is not None and x.ndim == 0:
+                alpha = alpha * x
+        beta = jnp.float32(be) if scale is None else scale[1]
+        if scale is not None:
+            alpha = alpha * scale[0]
+        args.append(jnp.stack([alpha, beta]).astype(jnp.float32))
+    if row:
+        args.append(sa.reshape(1, r))
+    if col:
+        args.append(sb.reshape(1, n))
+    if block:
+        args += [sa.T, sb]
+    # (none at split_k 1 without packing; traced also where the extension is missing, as the
+    # CUDA branch of platform_dependent, never lowered there)
+    ws = (configs.workspace_floats(r, n, k, 1, True, True, False, True, config, 1, False)
+          if _ffi.available() else 0)
+    call = jax.ffi.ffi_call(
+        _ffi.TARGET, (jax.ShapeDtypeStruct((1, r, n), out_dtype),
+                      jax.ShapeDtypeStruct((ws,), jnp.float32)),
+        vmap_method="sequential")
+    d, _ = call(*args, transpose_a=False, transpose_b=True, config=config,
+                split_k=np.int64(1), pack=False, has_c=c3 is not None,
+                has_bias=bias2 is not None, has_scale=not int_out, has_row_scale=row,
+                has_col_scale=col, has_block_scale=block, aux=False, alpha=np.float32(1.0), beta=np.float32(0.0),
+                activation=np.int32(problem.activation_index(activation or "none")))
+    return d.reshape(bsz, m, n)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
+def _fused(a2, b, sa, sb, c3, bias2, scale, st, config):
+    def ref(*xs):
+        return _reference(*xs, st)
+
+    def ker(*xs):
+        return _kernel(*xs, st, config)
+    return lax.platform_dependent(a2, b, sa, sb, c3, bias2, scale, cuda=ker, default=ref)
+
+
+def _fused_jvp(st, config, primals, tangents):
+    names = ("a", "b", "a_scale", "b_scale", "c", "bias", "beta")
+    live = [i for i, t in enumerate(tangents)
+            if primals[i] is not None and not isinstance(t, SymbolicZero)
+            and not (hasattr(t, "dtype") and t.dtype == jax.dtypes.float0)]
+    for i in live:
+        if i < 2:  # the same error as _product's
+            raise TypeError(
+                f"{_name()}: {names[i]} ({primals[i].dtype}) is quantised data and has no "
+                f"gradient here; differentiate with respect to the scales, bias, c or beta, or "
+                f"give the quantiser a straight-through gradient outside (jax.custom_vjp), as "
+                f"Flax's fp8 ops do")
+
+    def f(*xs):
+        full = list(primals)
+        for i, x in zip(live, xs):
+            full[i] = x
+        return _reference(*full, st)
+    out = _fused(*primals, st, config)
+    if not live:
+        return out, jnp.zeros_like(out)
+    _, tan = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+    return out, tan
+
+
+_fused.defjvp(_fused_jvp, symbolic_zeros=True)
+
+
+def kernel_config(kind, r, n, k, form):
+    """The sm90 row that runs this product, or None where lax does (int8 with block scales, K
+    not a multiple of 16, no extension, a device other than compute capability 9.0)."""
+    if (form == "block" and kind != "fp8") or not _ffi.available():
+        return None
+    return configs.plan_byte(r, n, k, kind)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, activation=None,
                   c=None, beta=0.0, transpose_b=False):
     """D = activation(sum_k a[..., m, k] * b[k, n] * scales + beta * c + bias): fp8 / int8
     GEMM with scales (issue 26).
 
-    On GPU this currently runs through XLA (lax.dot_general; no fused kernel yet, issue 26 is
-    open); on CPU likewise. The numbers are the kernels' contract.
+    On an H100/H200 (compute capability 9.0) with K a multiple of 16, one call of the sm90 8-bit
+    kernels computes everything (product, scales, epilogue); a (K, N) b is transposed by XLA
+    first (the kernels read b as (N, K)). int8 with block scales, other GPUs, other K and the
+    CPU run through lax (module docstring); the numbers are the same contract.
 
     a: (..., M, K); b: (K, N), or (N, K) with transpose_b (K-major b: what Hopper fp8 wgmma
     reads). Leading batch dims of a are folded into M (b is shared; vmap for a batched b).
@@ -297,15 +418,22 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
         if fb == "block" and transpose_b:
             sb = sb.T  # (Kb, Nb): tiny
     elif kind == "int8" and out_dtype == I32:
-        dn = (((a.ndim - 1,), (1 if transpose_b else 0,)), ((), ()))
-        return _lax_dot_general(a, b, dn, preferred_element_type=jnp.int32)
+        st = (form, bool(transpose_b), kind, None, out_dtype, 1.0, 0.0, bsz, m, n)
+        args = (a.reshape(bsz * m, k), b, None, None, None, None, None, st)
+        config = kernel_config(kind, bsz * m, n, k, form)
+        out = _reference(*args) if config is None else _fused(*args, config)
+        return out.reshape(out_shape)
 
     c3 = None if c is None else epilogue.c_operand(_as_array(c, "c"), out_shape, out_dtype,
                                                     "scaled_matmul", desc)
     bias2 = None if bias is None else epilogue.bias_operand(_as_array(bias, "bias"), n,
                                                             "scaled_matmul", desc)
     al, be, scale = epilogue.scale_operand(1.0, beta, "scaled_matmul")
-    acc = _product(a.reshape(bsz * m, k), b, sa, sb, form, bool(transpose_b), kind)
-    out = epilogue.apply(acc.reshape(bsz, m, n), c3, bias2, scale, alpha=al, beta=be,
-                         activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
+    st = (form, bool(transpose_b), kind, activation, out_dtype, al, be, bsz, m, n)
+    a2 = a.reshape(bsz * m, k)
+    config = kernel_config(kind, bsz * m, n, k, form)
+    if config is None:
+        out = _reference(a2, b, sa, sb, c3, bias2, scale, st)
+    else:
+        out = _fused(a2, b, sa, sb, c3, bias2, scale, st, config)
     return out.reshape(out_shape)

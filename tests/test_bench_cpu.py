@@ -366,3 +366,24 @@ def test_pack_ab_tool_runs(monkeypatch, capsys):
     assert "packs=False" in line and "R=2" in line
     for side in ("pack", "nopack", "jnp"):
         assert float(line.split(f" {side} ")[1].split()[0]) > 0, line
+
+
+@pytest.mark.parametrize("kind,layout", [("fp8", "NN"), ("fp8", "NT"), ("fp8_block", "NT"),
+                                         ("int8", "NN"), ("w8a8", "NT")])
+def test_lowp_sides_and_reference(kind, layout):
+    """The lowp suite's two sides compute the same product as its float64 reference
+    (bench_lowp.reference64) on a small case (CPU: ours is the lax path); the suite's rows."""
+    from jax_tcgemm import bench_lowp
+    names = [c.name for c in bench_lowp.cases()]
+    assert {"lowp_fp8_8192", "lowp_fp8_block_8192", "lowp_int8_8192", "lowp_w8a8_8192",
+            "lowp_int8_m16", "lowp_fp8_block_llm"} <= set(names)
+    case = bench_lowp.LowpCase("t", 64, 200, 384, kind, layout)
+    with jax.default_device(jax.devices("cpu")[0]):
+        a, sh = bench_lowp.operands(case, 1)
+        host = [np.asarray(x) if x is not None else None for x in (a[0], *sh)]
+        rows = np.arange(64)
+        want = bench_lowp.reference64(case, host[0], host[1], host[2], host[3], rows)
+        for side, op in bench_lowp.ops(case).items():
+            out = np.asarray(jax.jit(op)(a[0], *sh)).astype(np.float64)
+            err = np.linalg.norm(out - want) / np.linalg.norm(want)
+            assert err <= (0 if kind == "int8" else 1e-2), (side, err)

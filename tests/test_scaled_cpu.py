@@ -495,3 +495,86 @@ def test_eval_shape_and_export():
     assert out.shape == (8, 20) and out.dtype == F16
     assert tg.scaled_matmul in (getattr(tg, n) for n in tg.__all__)
     assert "issue 26" in tg.scaled_matmul.__doc__ and "XLA" in tg.scaled_matmul.__doc__
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel path's wrapper (scaled._fused: the kernel on CUDA, the reference elsewhere, the
+# reference's derivatives), forced on here: on the CPU its lowering is the reference, so its
+# results equal the lax path's exactly and its AD rule is checked against the lax path's.
+
+@pytest.fixture
+def kernel_path(monkeypatch):
+    from jax_tcgemm import scaled
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: "sm90_128x128x64_s6_g2")
+    return scaled
+
+
+@pytest.mark.parametrize("forms", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_kernel_wrapper_values(kernel_path, pair, forms):
+    a, b, sa, sb = case(pair, *forms, m=21, n=140, k=272, seed="wrap")
+    c = jnp.asarray(np.random.default_rng(1).standard_normal((21, 140)).astype(np.float32))
+
+    def f(a, b, sa, sb, c, beta):
+        return tg.scaled_matmul(a, b, sa, sb, out_dtype=BF16, c=c, beta=beta,
+                                activation="silu")
+    got = jax.jit(f)(a, b, sa, sb, c, jnp.float32(0.5))
+    assert "custom_jvp_call" in str(jax.make_jaxpr(f)(a, b, sa, sb, c, jnp.float32(0.5)))
+    kernel_path.kernel_config, saved = (lambda *a: None), kernel_path.kernel_config
+    want = jax.jit(f)(a, b, sa, sb, c, jnp.float32(0.5))
+    kernel_path.kernel_config = saved
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_kernel_wrapper_int32(kernel_path):
+    a, b, _, _ = case(PAIRS[3], None, None, m=19, n=33, k=160, seed="wrap32")
+    got = jax.jit(lambda a, b: tg.scaled_matmul(a, b, None, None, out_dtype=I32))(a, b)
+    want = np.asarray(a, np.int64) @ np.asarray(b, np.int64)
+    assert got.dtype == I32
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("forms", [("tensor", "tensor"), ("row", "column"), ("block", "block")],
+                         ids=str)
+def test_kernel_wrapper_grads(kernel_path, forms):
+    """grad wrt the scales, bias, c and beta through the wrapper equals the lax path's;
+    vmap over a runs; differentiating a is the same TypeError."""
+    a, b, sa, sb = case((E4M3, E4M3), *forms, m=9, n=140, k=260, seed="wrapgrad")
+    rng = np.random.default_rng(2)
+    bias = jnp.asarray(rng.standard_normal(140).astype(np.float32))
+    c = jnp.asarray(rng.standard_normal((9, 140)).astype(np.float32))
+
+    def loss(sa, sb, bias, c, beta):
+        y = tg.scaled_matmul(a, b, sa, sb, out_dtype=F32, bias=bias, c=c, beta=beta,
+                             activation="gelu_tanh")
+        return jnp.sum(y * y)
+    args = (sa, sb, bias, c, jnp.float32(0.75))
+    got = jax.grad(loss, argnums=(0, 1, 2, 3, 4))(*args)
+    saved = kernel_path.kernel_config
+    kernel_path.kernel_config = lambda *a: None
+    want = jax.grad(loss, argnums=(0, 1, 2, 3, 4))(*args)
+    kernel_path.kernel_config = saved
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    out = jax.vmap(lambda x: tg.scaled_matmul(x, b, sa, sb, out_dtype=F32))(a[None])
+    assert out.shape == (1, 9, 140)
+    with pytest.raises(TypeError, match="quantised data"):
+        jax.jvp(lambda x: tg.scaled_matmul(x, b, sa, sb, out_dtype=F32), (a,), (a,))
+
+
+def test_plan_byte():
+    """The 8-bit planner: a row with kernels of the kind on compute capability 9.0 when K is a
+    multiple of 16; None elsewhere (lax)."""
+    from jax_tcgemm import configs
+    if not configs.CONFIGS:
+        pytest.skip("the extension is not built (no config table)")
+    for kind in ("int8", "fp8"):
+        name = configs.plan_byte(8192, 8192, 8192, kind, arch=(9, 0))
+        assert name is not None and getattr(configs.BY_NAME[name], kind)
+        assert configs.plan_byte(100, 200, 1000, kind, arch=(9, 0)) is None  # K % 16
+        assert configs.plan_byte(128, 128, 128, kind, arch=(8, 0)) is None
+        assert configs.plan_byte(128, 128, 128, kind, arch=None) is None
+    for c in configs.CONFIGS:  # C++'s HasByteKernels, as the table reports it
+        coop = c.kind == "sm90" and not c.pingpong
+        assert c.int8 == coop, c.name
+        assert c.fp8 == (coop and c.bm == 64 * c.consumers), c.name

@@ -1,0 +1,290 @@
+"""GPU tests of tg.scaled_matmul on the sm90 8-bit kernels (issue 26): int8 x int8 and the fp8
+pairs, every scale form the kernels take (none, per-tensor, per-row, per-column and their
+mixes), every output dtype, the fused epilogue (bias, activation, beta * C with C full, per-row
+or per-column), b as (K, N) and as (N, K), shapes that are not tile multiples.
+
+References: float64 numpy of the quantised values (the operands as stored), the scales applied
+to the exact product, then the epilogue (conftest.epilogue64); int8 -> int32 is compared
+bit-exactly with the int64 product. Every product runs twice into fresh poisoned buffers
+donated for its output (conftest.poisoned): an element never written keeps the poison, a racy
+one differs between the runs. Each case also asserts that the kernel ran (the compiled HLO
+calls the tcgemm custom call), and that products with K not a multiple of 16 take the lax path
+and agree all the same.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tcgemm as tg
+from jax_tcgemm import configs
+
+from conftest import act64, bound, f64, poisoned, rel_err, seed_of
+
+pytestmark = pytest.mark.gpu
+
+E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+I8, I32, F32 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
+F16, BF16 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16)
+PAIRS = ((E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3), (I8, I8))
+# float32 results of fp8 operands: Hopper's fp8 wgmma sums a k tile (128 of K) with fewer bits
+# than float32 before the kernel adds it into float32 (benchmarks/NOTES.md, v34: measured
+# relative errors); the bound of the other dtypes is the output rounding's.
+FP8_F32_BOUND = 2e-4
+
+
+def _sm90():
+    return configs.device_arch() == (9, 0)
+
+
+def quantised(rng, shape, dtype):
+    """Random values of an 8-bit dtype: int8 uniform in [-127, 127]; fp8 N(0, 1) rounded."""
+    if dtype == I8:
+        return rng.integers(-127, 128, size=shape).astype(np.int8)
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def scales(rng, form, n):
+    """A positive float32 scale array of `form` (None, "tensor", or length n)."""
+    if form is None:
+        return None
+    if form == "tensor":
+        return np.float32(rng.uniform(0.5, 2.0))
+    return rng.uniform(0.5, 2.0, size=n).astype(np.float32)
+
+
+def reference(a, b, sa, sb, c, bias, beta, activation, transpose_b):
+    """float64 result of the quantised operands (b as given), scales, epilogue."""
+    acc = f64(a) @ (f64(b).T if transpose_b else f64(b))
+    if sa is not None:
+        s_a = np.asarray(sa, np.float64)
+        acc = acc * (s_a[:, None] if s_a.ndim == 1 else s_a)
+        acc = acc * np.asarray(sb, np.float64)
+    pre = acc
+    if c is not None:
+        pre = pre + beta * f64(c)
+    if bias is not None:
+        pre = pre + f64(bias)
+    return act64(activation, pre)
+
+
+def uses_kernel(fn, *args) -> bool:
+    return 'custom_call_target="tcgemm"' in jax.jit(fn).lower(*args).compile().as_text()
+
+
+def run_poisoned(fn, out_aval, *args):
+    """fn(*args) twice, each into a fresh poisoned buffer (NaN; int32: INT32_MIN) donated for
+    its output; returns (host result, both runs equal bitwise)."""
+    fill = np.iinfo(np.int32).min if out_aval.dtype == I32 else np.nan
+
+    def poison():
+        return [jax.device_put(np.full(out_aval.shape, fill, out_aval.dtype))]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers.*")
+        run = poisoned(lambda *xs: [fn(*xs)], poison(), *args)
+        first = np.asarray(run(poison(), *args)[0][0])
+        second = np.asarray(run(poison(), *args)[0][0])
+    return second, np.array_equal(first.view(np.uint8), second.view(np.uint8))
+
+
+SHAPES = ((200, 136, 512), (129, 300, 1040), (1, 1, 16), (64, 128, 128), (517, 1000, 4096))
+FORMS = ((None, None), ("tensor", "tensor"), ("row", "column"), ("tensor", "column"),
+         ("row", "tensor"))
+EPILOGUES = ((None, None, None), ("bias", "gelu_tanh", None), ("full", "relu", 0.5),
+             ("row", None, -1.25), ("col", "silu", 2.0))
+
+
+def _cases(pair):
+    """(shape, transpose_b, out_dtype, forms, epilogue) combinations, cycled so that every
+    shape meets both layouts, every output dtype, every scale form and every epilogue."""
+    outs = (BF16, F16, F32)
+    out = []
+    for i, (shape, tb) in enumerate(itertools.product(SHAPES, (False, True))):
+        out.append((shape, tb, outs[i % 3], FORMS[i % len(FORMS)], EPILOGUES[i % len(EPILOGUES)]))
+    out.append((SHAPES[0], True, outs[1], FORMS[2], EPILOGUES[2]))
+    return out
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
+def test_scaled_products(pair):
+    ta, tb_dtype = pair
+    fails = []
+    for shape, tb, out_dtype, (fa, fb), (cform, act, beta) in _cases(pair):
+        m, n, k = shape
+        rng = np.random.default_rng(seed_of("scaled", ta.name, tb_dtype.name, shape, tb,
+                                            out_dtype.name, fa, fb, cform, act))
+        a = quantised(rng, (m, k), ta)
+        b = quantised(rng, (n, k) if tb else (k, n), tb_dtype)
+        sa = scales(rng, fa, m)
+        sb = scales(rng, fb, n)
+        if ta == I8:  # int8 sums reach ~1e6: results of order 1 (finite in float16)
+            if sa is None:
+                a, b = a // 16, b // 16
+            else:
+                sa = (sa * np.float32(1 / 4096)).astype(np.float32)
+        c = {None: None, "bias": None, "full": rng.standard_normal((m, n)),
+             "row": rng.standard_normal((m, 1)), "col": rng.standard_normal((n,))}[cform]
+        c = None if c is None else c.astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if cform == "bias" else None
+        what = (f"{ta.name}x{tb_dtype.name} {m}x{n}x{k} transpose_b={tb} -> {out_dtype.name} "
+                f"scales {fa}/{fb} c={cform} act={act} beta={beta}")
+
+        def fn(a, b, sa, sb, c, bias, beta_arr):
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, c=c, bias=bias,
+                                    activation=act, beta=beta_arr, transpose_b=tb)
+        args = (a, b, sa, sb, c, bias, np.float32(beta or 0.0))
+        if not uses_kernel(fn, *args):
+            fails.append(f"{what}: the compiled product does not call the kernel")
+            continue
+        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+        want = reference(a, b, sa, sb, c, bias, beta or 0.0, act, tb)
+        if not same:
+            fails.append(f"{what}: two identical calls differ")
+        tol = FP8_F32_BOUND if (out_dtype == F32 and ta != I8) else bound(out_dtype, k)
+        err = rel_err(out, want)
+        if out.dtype != out_dtype or not err <= tol:
+            fails.append(f"{what}: {out.dtype}, rel err {err:.3g} > {tol:.3g}")
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("shape", [(200, 136, 512), (1, 300, 64), (1000, 1000, 4096),
+                                   (3, 4, 5, 32)])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_int8_exact(shape, transpose_b):
+    """int8 x int8 -> int32 on the kernel: bit-exact, batch dims of a folded into M."""
+    *batch, m, n, k = shape
+    rng = np.random.default_rng(seed_of("int8", shape, transpose_b))
+    a = quantised(rng, (*batch, m, k), I8)
+    b = quantised(rng, (n, k) if transpose_b else (k, n), I8)
+
+    def fn(a, b):
+        return tg.scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=transpose_b)
+    assert uses_kernel(fn, a, b)
+    out, same = run_poisoned(fn, jax.eval_shape(fn, a, b), a, b)
+    want = a.astype(np.int64) @ (b.T if transpose_b else b).astype(np.int64)
+    assert same and out.dtype == I32
+    np.testing.assert_array_equal(out, want.astype(np.int32))
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
+def test_lax_path_agrees(pair):
+    """K not a multiple of 16 runs through lax (no kernel); K = 1040 on the kernel: both agree
+    with the float64 reference within the output dtype's bound."""
+    ta, tb_dtype = pair
+    for k, kernel in ((1032 + 1, False), (1040, True)):
+        rng = np.random.default_rng(seed_of("lax", ta.name, tb_dtype.name, k))
+        a, b = quantised(rng, (96, k), ta), quantised(rng, (k, 80), tb_dtype)
+        sa, sb = scales(rng, "row", 96), scales(rng, "tensor", 1)
+
+        def fn(a, b, sa, sb):
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=jnp.float32)
+        assert uses_kernel(fn, a, b, sa, sb) == kernel
+        out = np.asarray(jax.jit(fn)(a, b, sa, sb))
+        want = reference(a, b, sa, sb, None, None, 0.0, None, False)
+        tol = FP8_F32_BOUND if ta != I8 else bound(F32, k)
+        assert rel_err(out, want) <= tol, (k, rel_err(out, want))
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+def test_grad_wrt_scales_and_vmap():
+    """grad with respect to the scales, bias and c through the kernel path equals the lax
+    path's; vmap over a batch of b runs (sequentially) and matches the per-item products."""
+    rng = np.random.default_rng(seed_of("grad-scaled"))
+    a, b = quantised(rng, (64, 256), E4M3), quantised(rng, (256, 96), E4M3)
+    sa, sb = np.float32(0.75), rng.uniform(0.5, 2, 96).astype(np.float32)
+    bias = rng.standard_normal(96).astype(np.float32)
+
+    def loss(sa, sb, bias):
+        y = tg.scaled_matmul(a, b, sa, sb, out_dtype=jnp.float32, bias=bias,
+                             activation="gelu_tanh")
+        return jnp.sum(y * y)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(sa, sb, bias)
+    pre = f64(a) @ f64(b) * float(sa) * f64(sb) + f64(bias)
+    from conftest import act_grad64
+    y = act64("gelu_tanh", pre)
+    dpre = 2 * y * act_grad64("gelu_tanh", pre)
+    ab = f64(a) @ f64(b)
+    want = ((dpre * ab * f64(sb)).sum(), (dpre * ab * float(sa)).sum(0), dpre.sum(0))
+    for got, w in zip(g, want):
+        assert rel_err(np.asarray(got), w) <= 1e-3
+    bs = quantised(rng, (3, 256, 96), E4M3)
+    f = jax.vmap(lambda bb: tg.scaled_matmul(a, bb, sa, sb, out_dtype=jnp.float32))
+    out = np.asarray(jax.jit(f)(bs))
+    for i in range(3):
+        want = f64(a) @ f64(bs[i]) * float(sa) * f64(sb)
+        assert rel_err(out[i], want) <= FP8_F32_BOUND
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("pair", PAIRS[:3], ids=lambda p: f"{p[0].name}x{p[1].name}")
+def test_block_scales(pair):
+    """DeepSeek-V3 block scales (a: 1 x 128, b: 128 x 128) in the kernel's main loop: shapes
+    whose M, N and K are not multiples of 128 (the last block partial), b in both layouts,
+    with and without an epilogue; against float64 applying each block's scales to its exact
+    partial product."""
+    ta, tb_dtype = pair
+    fails = []
+    for (m, n, k), tb, out_dtype, epi in (((200, 300, 528), False, BF16, False),
+                                          ((129, 128, 1024), True, F32, True),
+                                          ((1, 1000, 4112), True, F16, False),
+                                          ((515, 260, 144), False, F32, False)):
+        rng = np.random.default_rng(seed_of("block", ta.name, tb_dtype.name, m, n, k, tb))
+        kb, nb = -(-k // 128), -(-n // 128)
+        a = quantised(rng, (m, k), ta)
+        b = quantised(rng, (n, k) if tb else (k, n), tb_dtype)
+        sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
+        sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if epi else None
+        act = "relu" if epi else None
+
+        def fn(a, b, sa, sb, bias):
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
+                                    activation=act, transpose_b=tb)
+        args = (a, b, sa, sb, bias)
+        what = f"{ta.name}x{tb_dtype.name} {m}x{n}x{k} transpose_b={tb} -> {out_dtype.name}"
+        if not uses_kernel(fn, *args):
+            fails.append(f"{what}: the compiled product does not call the kernel")
+            continue
+        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+        bk = f64(b).T if tb else f64(b)  # (K, N)
+        sbk = np.asarray(sb, np.float64).T if tb else np.asarray(sb, np.float64)  # (Kb, Nb)
+        want = np.zeros((m, n))
+        for j in range(kb):
+            sl = slice(128 * j, 128 * (j + 1))
+            want += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
+        if bias is not None:
+            want = want + bias
+        want = act64(act, want)
+        tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
+        err = rel_err(out, want)
+        if not same or not err <= tol:
+            fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("dims", [(((1,), (0,)), ((), ())), (((2,), (1,)), ((), ())),
+                                  (((0,), (0,)), ((), ()))], ids=str)
+def test_int8_dot_general(dims):
+    """tg.dot_general of int8 operands with preferred_element_type=int32 runs the int8 kernel
+    (one contracting dim, a 2-D rhs) and equals lax bit for bit."""
+    (lc, rc), _ = dims
+    rng = np.random.default_rng(seed_of("int8dg", dims))
+    lshape = {1: (70, 256), 2: (3, 50, 256), 0: (256, 70)}[lc[0]]
+    rshape = (256, 90) if rc[0] == 0 else (90, 256)
+    a, b = quantised(rng, lshape, I8), quantised(rng, rshape, I8)
+
+    def fn(a, b):
+        return tg.dot_general(a, b, dims, preferred_element_type=jnp.int32)
+    assert uses_kernel(fn, a, b)
+    got = np.asarray(jax.jit(fn)(a, b))
+    want = np.asarray(jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.int32))
+    np.testing.assert_array_equal(got, want)
