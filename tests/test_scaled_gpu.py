@@ -288,3 +288,70 @@ def test_int8_dot_general(dims):
     got = np.asarray(jax.jit(fn)(a, b))
     want = np.asarray(jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.int32))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+def test_scaled_fuzz():
+    """Seeded fuzz over random shapes (K a multiple of 16, or not: the lax path), dtype pairs,
+    scale forms (block included), output dtypes, epilogues and b layouts:
+    $TCGEMM_SCALED_FUZZ_CASES cases (default 200; seed $TCGEMM_FUZZ_SEED), each against
+    float64 of the quantised values, into a poisoned output."""
+    import os
+    n_cases = int(os.environ.get("TCGEMM_SCALED_FUZZ_CASES", "200"))
+    rng = np.random.default_rng(int(os.environ.get("TCGEMM_FUZZ_SEED", "0")) + 26)
+    fails = []
+    for i in range(n_cases):
+        ta, tbd = PAIRS[rng.integers(len(PAIRS))]
+        m, n = (int(x) for x in rng.integers(1, 700, 2))
+        k = int(rng.integers(1, 80)) * 16 + (int(rng.integers(1, 16)) if rng.random() < 0.1 else 0)
+        tb = bool(rng.random() < 0.5)
+        forms = FORMS + ((("block", "block"),) if ta != I8 else ())
+        fa, fb = forms[rng.integers(len(forms))]
+        outs = (BF16, F16, F32) + ((I32,) if ta == I8 and fa is None else ())
+        out_dtype = outs[rng.integers(len(outs))]
+        act = None if out_dtype == I32 else (None, "relu", "gelu_tanh", "silu")[rng.integers(4)]
+        a = quantised(rng, (m, k), ta)
+        b = quantised(rng, (n, k) if tb else (k, n), tbd)
+        kb, nb = -(-k // 128), -(-n // 128)
+        if fa == "block":
+            sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
+            sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
+        else:
+            sa, sb = scales(rng, fa, m), scales(rng, fb, n)
+        if ta == I8 and out_dtype != I32:
+            if sa is None:
+                a, b = a // 16, b // 16
+            else:
+                sa = (sa * np.float32(1 / 4096)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if act else None
+
+        def fn(a, b, sa, sb, bias):
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
+                                    activation=act, transpose_b=tb)
+        args = (a, b, sa, sb, bias)
+        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+        bk = f64(b).T if tb else f64(b)
+        if fa == "block":
+            sbk = np.asarray(sb, np.float64).T if tb else np.asarray(sb, np.float64)
+            want = np.zeros((m, n))
+            for j in range(kb):
+                sl = slice(128 * j, 128 * (j + 1))
+                want += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
+        else:
+            want = reference(a, b, sa, sb, None, None, 0.0, None, tb)
+        if bias is not None:
+            want = want + bias
+        want = act64(act, want)
+        what = (f"case {i}: {ta.name}x{tbd.name} {m}x{n}x{k} transpose_b={tb} -> "
+                f"{out_dtype.name} scales {fa}/{fb} act={act}")
+        if out_dtype == I32:
+            ok = same and np.array_equal(out, want.astype(np.int64))
+            if not ok:
+                fails.append(f"{what}: not exact")
+            continue
+        tol = FP8_F32_BOUND if (out_dtype == F32 and ta != I8) else bound(out_dtype, k)
+        err = rel_err(out, want)
+        if not same or not err <= tol:
+            fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+    print(f"scaled fuzz: {n_cases} cases, {len(fails)} failures")
+    assert not fails, "\n".join(fails[:40])

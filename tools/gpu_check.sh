@@ -33,15 +33,16 @@ if [ "${SKIP_SELFTEST:-0}" != 1 ]; then
   F=(-std=c++17 -O3 --expt-relaxed-constexpr --split-compile=4 "-I$REPO/ffi")
   rm -rf /tmp/st && mkdir -p /tmp/st
   for src in "$REPO"/ffi/kernels/*/*.cu "$REPO/ffi/host/gemm_dispatch.cc" \
-             "$REPO/tools/kernel_selftest.cu" "$REPO/tools/selftest_epilogue.cu"; do
+             "$REPO/tools/kernel_selftest.cu" "$REPO/tools/selftest_epilogue.cu" \
+             "$REPO/tools/selftest_ragged.cu" "$REPO/tools/selftest_byte.cu"; do
     arch=(-arch=sm_90)
-    [ "$(basename "$src")" = kernels_sm90.cu ] && arch=(-gencode=arch=compute_90a,code=sm_90a)
+    [[ "$(basename "$src")" == kernels_sm90*.cu ]] && arch=(-gencode=arch=compute_90a,code=sm_90a)
     nvcc "${F[@]}" "${arch[@]}" -x cu -c "$src" -o "/tmp/st/$(basename "$src").o" \
       >"/tmp/st/$(basename "$src").log" 2>&1 &
   done
   wait
   if nvcc -arch=sm_90 /tmp/st/*.o -o /tmp/st/selftest >/tmp/st/link.log 2>&1; then
-    /tmp/st/selftest 2>&1 | tee "$OUT/selftest.log" | grep -E "^(FAIL|plain|epilogue|dact)|passed, "
+    /tmp/st/selftest 2>&1 | tee "$OUT/selftest.log" | grep -E "^(FAIL|plain|epilogue|dact|ragged|byte)|passed, "
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   else
     echo "self-test build failed:"; cat /tmp/st/*.log | grep -m 20 -iE -A3 "error"; status=1

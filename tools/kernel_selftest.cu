@@ -3,9 +3,9 @@
 // split (1, 2, 4, 16: sm_90 reduces 2 and 4 in a cluster, 16 through the workspace) x fused
 // epilogue (C in every broadcast form and type, bias, activations, alpha / beta as attributes
 // or from device memory, the pre-activation to aux); the dact kernel; grouped (ragged)
-// products on both kernel families (tools/selftest_ragged.cu); then the time of large
-// square products. Build: tools/sanitize.sh (SANITIZE_TOOLS="" to skip compute-sanitizer)
-// compiles ffi/kernels/*/*.cu (kernels_sm90.cu with -gencode=arch=compute_90a,code=sm_90a, the
+// products on both kernel families (tools/selftest_ragged.cu); 8-bit products on the sm90
+// rows (tools/selftest_byte.cu); then the time of large square products. Build: tools/sanitize.sh (SANITIZE_TOOLS="" to skip compute-sanitizer)
+// compiles ffi/kernels/*/*.cu (kernels_sm90*.cu with -gencode=arch=compute_90a,code=sm_90a, the
 // others -arch=sm_90), ffi/host/gemm_dispatch.cc and tools/*.cu, each with
 // `nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Iffi -x cu -c`, in parallel, and links them
 // with `nvcc -arch=sm_90` into build/sanitize/selftest.
@@ -20,7 +20,9 @@
 //                             push, workspace + reduce on sm80 and sm90 rows, pack) meets every
 //                             epilogue kind; K = 0, 1x1x1 and 520-element rows per config; the
 //                             dact kernel; grouped (ragged) products on every row with grouped
-//                             kernels (tools/selftest_ragged.cu). (--sanitize: the same.)
+//                             kernels (tools/selftest_ragged.cu); 8-bit products (int8, fp8,
+//                             every scale form) on every row with 8-bit kernels
+//                             (tools/selftest_byte.cu). (--sanitize: the same.)
 //   selftest --timings        the timings only
 //   selftest --time B M N K [SPLIT...]  per-launch time under graph replay (env: TIME_NT: layout
 //                             NT; TIME_PACK: the packing alone too; TIME_NOPACK: 16-byte-multiple
@@ -325,6 +327,7 @@ int main(int argc, char** argv) {
   epilogue_cases(quick, cc, t);
   dact_cases(quick, t);
   ragged_cases(quick, cc, t);
+  byte_cases(quick, cc, t);
   coverage_report(cc, t);
   if (quick) CK(cudaDeviceReset());  // lets memcheck's leak check see every allocation released
   if (mode.empty()) timings();

@@ -96,7 +96,7 @@ F=(-std=c++17 -O3 -lineinfo --expt-relaxed-constexpr "--split-compile=${SPLIT_CO
 echo "== build ($TCGEMM_ARCH, $JOBS jobs)"
 t0=$SECONDS
 srcs=("$REPO"/ffi/kernels/*/*.cu "$REPO/ffi/host/gemm_dispatch.cc" "$REPO/tools/kernel_selftest.cu"
-      "$REPO/tools/selftest_epilogue.cu" "$REPO/tools/selftest_ragged.cu")
+      "$REPO/tools/selftest_epilogue.cu" "$REPO/tools/selftest_ragged.cu" "$REPO/tools/selftest_byte.cu")
 [ "$(cat "$BUILD/arch" 2>/dev/null)" = "$TCGEMM_ARCH" ] || rm -f "$BUILD"/*.o "$BUILD/selftest"
 echo "$TCGEMM_ARCH" >"$BUILD/arch"
 for o in "$BUILD"/*.o; do  # objects of sources that no longer exist
@@ -107,7 +107,7 @@ done
 compile() {  # source object: nvcc, log next to the object; the object removed on failure
   local src=$1 obj=$2 flags=("${F[@]}" "-arch=$TCGEMM_ARCH")
   # the wgmma kernels exist only for sm_90a (on other GPUs they are never launched)
-  if [ "$(basename "$src")" = kernels_sm90.cu ] && [ "$TCGEMM_ARCH" = sm_90 ]; then
+  if [[ "$(basename "$src")" == kernels_sm90*.cu ]] && [ "$TCGEMM_ARCH" = sm_90 ]; then
     flags=("${F[@]}" -gencode=arch=compute_90a,code=sm_90a)
   fi
   nvcc "${flags[@]}" -x cu -c "$src" -o "$obj" >"$obj.log" 2>&1 || { rm -f "$obj"; return 1; }
@@ -149,7 +149,7 @@ elif [ "${SANITIZE_FULL:-1}" != 0 ]; then
   t0=$SECONDS
   timeout "$(step_timeout 900)" "$BUILD/selftest" ${SANITIZE_FULL_ARGS:-} >"$LOGS/selftest_full.log" 2>&1
   rc=$?
-  grep -E "^(FAIL|plain|epilogue|dact|coverage)|^  " "$LOGS/selftest_full.log" | head -40
+  grep -E "^(FAIL|plain|epilogue|dact|ragged|byte|coverage)|^  " "$LOGS/selftest_full.log" | head -40
   line=$(result_line "$LOGS/selftest_full.log")
   note "selftest full: ${line:-no result line} (exit $rc, $((SECONDS - t0)) s)"
   [ $rc = 0 ] || status=1

@@ -168,4 +168,9 @@ double act_ref(Activation a, double x);
 // activation, every output type; D poisoned, rows past the last group must be zeros.
 void ragged_cases(bool quick, int cc, Tally& t);
 
+// tools/selftest_byte.cu: 8-bit products (int8 -> int32 / scaled floats, the fp8 pairs with
+// per-tensor, per-row / per-column and block scales, bias + activation) through LaunchGemm on
+// every row with 8-bit kernels; compute capability 9.0 only (nothing elsewhere).
+void byte_cases(bool quick, int cc, Tally& t);
+
 }  // namespace selftest

@@ -1,0 +1,164 @@
+// 8-bit products of the self-test (tools/kernel_selftest.cu; declared in selftest.cuh): int8 x
+// int8 (to int32, exact; to floats with per-row / per-column scales) and the fp8 pairs (per-
+// tensor scale from the device, per-row / per-column scales, DeepSeek-V3 block scales, bias +
+// activation), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
+// launched through LaunchGemm on every row with 8-bit kernels (HasByteKernels; compute
+// capability 9.0 only), checked against float64 of the quantised values. D is poisoned first;
+// buffers have exactly the problem's size, so compute-sanitizer sees any out-of-bounds access.
+#include <cuda_fp8.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "selftest.cuh"
+
+namespace selftest {
+namespace {
+
+enum class Scale { kNone, kTensor, kRowCol, kBlock };
+struct ByteCase {
+  DType ta, tb, out;
+  int64_t m, n, k;
+  Scale scale;
+  bool bias;
+  Activation act;
+};
+
+// An 8-bit element as a double (raw byte of type t).
+double byte_value(DType t, uint8_t raw) {
+  if (t == DType::kS8) return double(int8_t(raw));
+  if (t == DType::kE4M3) { __nv_fp8_e4m3 x; x.__x = raw; return double(float(x)); }
+  __nv_fp8_e5m2 x; x.__x = raw; return double(float(x));
+}
+std::vector<uint8_t> random_bytes(DType t, int64_t count, std::mt19937& rng) {
+  std::vector<uint8_t> v(count);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> ud(-16, 15);
+  for (auto& b : v) {
+    if (t == DType::kS8) b = uint8_t(int8_t(ud(rng)));
+    else if (t == DType::kE4M3) b = __nv_fp8_e4m3(nd(rng)).__x;
+    else b = __nv_fp8_e5m2(nd(rng)).__x;
+  }
+  return v;
+}
+const char* byte_name(DType t) { return t == DType::kS8 ? "s8" : t == DType::kE4M3 ? "e4m3" : "e5m2"; }
+
+bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
+  const int64_t m = c.m, n = c.n, k = c.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
+  const std::vector<uint8_t> ha = random_bytes(c.ta, m * k, rng), hb = random_bytes(c.tb, n * k, rng);
+  std::uniform_real_distribution<float> us(0.5f, 2.0f);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const float alpha = c.scale == Scale::kTensor ? us(rng) : 1.0f;
+  const bool int_out = c.out == DType::kS32;
+  std::vector<float> hscale = {alpha * (c.ta == DType::kS8 ? 1.0f / 64 : 1.0f), 0.0f};
+  std::vector<float> hrow(c.scale == Scale::kRowCol ? m : 0), hcol(c.scale == Scale::kRowCol ? n : 0);
+  std::vector<float> hsa(c.scale == Scale::kBlock ? kb * m : 0), hsb(c.scale == Scale::kBlock ? kb * nb : 0);
+  std::vector<float> hbias(c.bias ? n : 0);
+  for (auto* v : {&hrow, &hcol, &hsa, &hsb}) for (float& x : *v) x = us(rng);
+  for (float& x : hbias) x = nd(rng);
+  DevBuf a(ha.size()), b(hb.size()), d(m * n * DTypeBytes(c.out)), scale(int_out ? 0 : 8),
+      row(hrow.size() * 4), col(hcol.size() * 4), sa(hsa.size() * 4), sb(hsb.size() * 4),
+      bias(hbias.size() * 4);
+  a.upload(ha.data());
+  b.upload(hb.data());
+  if (!int_out) scale.upload(hscale.data());
+  if (!hrow.empty()) { row.upload(hrow.data()); col.upload(hcol.data()); }
+  if (!hsa.empty()) { sa.upload(hsa.data()); sb.upload(hsb.data()); }
+  if (c.bias) bias.upload(hbias.data());
+  d.poison();
+
+  GemmProblem pr{};
+  GemmParams& p = pr.params;
+  p.a = a.p, p.b = b.p, p.d = d.p, p.d_type = c.out;
+  p.m = m, p.n = n, p.k = k, p.batch = 1, p.split_k = 1;
+  if (!int_out) p.epi.scale = static_cast<const float*>(scale.p);
+  if (!hrow.empty()) {
+    p.epi.row_scale = static_cast<const float*>(row.p);
+    p.epi.col_scale = static_cast<const float*>(col.p);
+  }
+  if (!hsa.empty()) {
+    p.block_sa = static_cast<const float*>(sa.p);
+    p.block_sb = static_cast<const float*>(sb.p);
+  }
+  if (c.bias) p.epi.bias = static_cast<const float*>(bias.p);
+  p.epi.act = c.act;
+  pr.in_type = c.ta;
+  pr.b_type = c.tb;
+  pr.transpose_b = true;  // B [N][K]: K-major
+  pr.config = cfg;
+  const std::string err = LaunchGemm(pr, PlanWorkspace(pr), nullptr);
+  if (err.empty()) CK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> hd = err.empty() ? d.download() : std::vector<uint8_t>();
+
+  double num = 0, den = 0;
+  bool finite = true, exact = true;
+  for (int64_t e = 0; e < m * n && err.empty(); ++e) {
+    const int64_t r = e / n, j = e % n;
+    double want = 0;
+    for (int64_t q = 0; q < kb; ++q) {  // per 128-slice of K (the block scales' unit)
+      double part = 0;
+      for (int64_t kk = 128 * q; kk < std::min(k, 128 * (q + 1)); ++kk)
+        part += byte_value(c.ta, ha[r * k + kk]) * byte_value(c.tb, hb[j * k + kk]);
+      want += c.scale == Scale::kBlock ? part * hsa[q * m + r] * hsb[q * nb + j / 128] : part;
+    }
+    double got;
+    if (int_out) {
+      int32_t v;
+      std::memcpy(&v, hd.data() + 4 * e, 4);
+      got = v;
+      exact = exact && got == want;
+    } else {
+      want *= hscale[0];
+      if (!hrow.empty()) want *= double(hrow[r]) * hcol[j];
+      if (c.bias) want += hbias[j];
+      want = act_ref(c.act, want);
+      got = host_load(hd.data(), c.out, e);
+    }
+    if (!std::isfinite(got)) finite = false;
+    num += (got - want) * (got - want);
+    den += want * want;
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double tol = int_out ? 0.0
+                     : c.out == DType::kF32 && c.ta != DType::kS8 ? 2e-4  // fp8 wgmma sums
+                                                                  : bound(c.out, k);
+  const bool ok = err.empty() && finite && exact && rel <= tol;
+  static const char* kScale[] = {"none", "tensor", "row/col", "block"};
+  if (!ok || verbose())
+    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld scale %s%s: rel %.2e (tol %.0e)%s%s\n",
+                ok ? "ok  " : "FAIL", ConfigName(kConfigs[cfg]).c_str(), byte_name(c.ta),
+                byte_name(c.tb), int_out ? "s32" : dtype_name(c.out), long(m), long(n), long(k),
+                kScale[int(c.scale)], c.bias ? " bias" : "", rel, tol,
+                finite ? "" : " [not finite: an element never written]", err.c_str());
+  return t.add(ok);
+}
+
+}  // namespace
+
+void byte_cases(bool quick, int cc, Tally& t) {
+  if (cc != 90) return;  // the 8-bit kernels are sm_90a only
+  std::mt19937 rng(8642);
+  const int before = t.failed, total = t.passed + t.failed;
+  const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8;
+  const Activation kNo = Activation::kNone;
+  std::vector<ByteCase> cases = {
+      {S8, S8, DType::kS32, 200, 136, 528, Scale::kNone, false, kNo},
+      {S8, S8, DType::kBF16, 129, 300, 144, Scale::kRowCol, true, Activation::kRelu},
+      {E4, E4, DType::kBF16, 200, 136, 528, Scale::kTensor, false, kNo},
+      {E4, E5, DType::kF32, 129, 300, 144, Scale::kRowCol, true, Activation::kGeluTanh},
+      {E5, E4, DType::kF16, 70, 260, 272, Scale::kBlock, false, kNo},
+      {E4, E4, DType::kF32, 1, 1, 16, Scale::kBlock, true, Activation::kSilu},
+  };
+  if (!quick) {
+    cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});
+    cases.push_back({E4, E4, DType::kBF16, 517, 1000, 4112, Scale::kBlock, true, kNo});
+  }
+  for (int cfg = 0; cfg < kNumConfigs; ++cfg)
+    for (const ByteCase& c : cases)
+      if (HasByteKernels(cfg, c.ta != S8) && selected(cfg)) run_case(c, cfg, rng, t);
+  std::printf("byte: %d of %d cases failed\n", t.failed - before, t.passed + t.failed - total);
+}
+
+}  // namespace selftest
