@@ -275,7 +275,8 @@ def test_block_scales(pair):
                                   (((0,), (0,)), ((), ()))], ids=str)
 def test_int8_dot_general(dims):
     """tg.dot_general of int8 operands with preferred_element_type=int32 runs the int8 kernel
-    (one contracting dim, a 2-D rhs) and equals lax bit for bit."""
+    (one contracting dim, a 2-D rhs) and equals lax bit for bit; so does tg.matmul with
+    out_dtype=int32."""
     (lc, rc), _ = dims
     rng = np.random.default_rng(seed_of("int8dg", dims))
     lshape = {1: (70, 256), 2: (3, 50, 256), 0: (256, 70)}[lc[0]]
@@ -288,6 +289,11 @@ def test_int8_dot_general(dims):
     got = np.asarray(jax.jit(fn)(a, b))
     want = np.asarray(jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.int32))
     np.testing.assert_array_equal(got, want)
+    if lc[0] == len(lshape) - 1 and rc[0] == 0:  # tg.matmul's form: the same kernel
+        def mm(a, b):
+            return tg.matmul(a, b, out_dtype=jnp.int32)
+        assert uses_kernel(mm, a, b)
+        np.testing.assert_array_equal(np.asarray(jax.jit(mm)(a, b)), want)
 
 
 @pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
