@@ -167,6 +167,8 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return "an int32 result is the product of int8 operands";
   } else if (p.d_type == DType::kS32) {
     return "an int32 result is the product of int8 operands";
+  } else if (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb) {
+    return "row, column and block scales go with 8-bit operands";
   }
   if (ragged) {
     // Grouped products run on the rows with grouped kernels (HasRaggedKernels): sm90 rows on

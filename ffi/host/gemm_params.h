@@ -34,7 +34,8 @@ inline constexpr int kNumActivations = 5;
 
 // D[z][r][c] = act(alpha * rs[z][r] * cs[c] * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]),
 // computed in float32 from the accumulator and rounded once to D's type (rs, cs: the optional
-// per-row and per-column scales of a scaled product, 1 when absent). C is read through element strides
+// per-row and per-column scales of a scaled product, 1 when absent; 8-bit operands only, so
+// the sm90 kernels alone apply them). C is read through element strides
 // (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared by the batch
 // (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta come from
 // `scale` (device float32[2], traced values) when it is set. `aux`, when set, receives the

@@ -1,5 +1,5 @@
 // The one epilogue of every kernel family (sm80, sm90, the cluster and workspace split-K
-// reductions):  D = act(alpha * rs[r] * cs[c] * acc + beta * C + bias), in float32 from the accumulator,
+// reductions):  D = act(alpha * acc + beta * C + bias), in float32 from the accumulator,
 // rounded once to D's type; optionally the pre-activation value to `aux` (what the backward
 // pass reads); or, for a split-K slice, the raw float32 partial product instead.
 //
@@ -91,7 +91,9 @@ __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
 }
 
 // The scale of row r of item z (row_scale, 1 without) and of column c (col_scale; 1 without,
-// or past N): a scaled product's per-row / per-column factors.
+// or past N): a scaled product's per-row / per-column factors. Only the sm90 kernels' epilogue
+// applies them (epilogue_sm90.cuh): scaled products have 8-bit operands, which run there alone
+// (LaunchGemm rejects the scales anywhere else).
 __device__ __forceinline__ float epi_row_scale(const EpilogueParams& ep, int64_t m, int64_t z,
                                                int64_t r) {
   return ep.row_scale ? __ldg(ep.row_scale + z * m + r) : 1.0f;
@@ -100,15 +102,13 @@ __device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t
   return ep.col_scale && c < n ? __ldg(ep.col_scale + c) : 1.0f;
 }
 
-// v[j] (row r, column col + j of batch item z) <- alpha * rs[r] * cs[col + j] * v[j] + beta * C
-// + bias.
+// v[j] (row r, column col + j of batch item z) <- alpha * v[j] + beta * C + bias.
 template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
   const EpilogueParams& ep = p.epi;
-  const float rs = s.alpha * epi_row_scale(ep, p.m, z, r);
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] *= rs * epi_col_scale(ep, p.n, col + j);
+  for (int j = 0; j < V; ++j) v[j] *= s.alpha;
   if (ep.c) {
     const int64_t base = z * ep.c_sb + r * ep.c_sr;
 #pragma unroll

@@ -122,7 +122,9 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
 // the activation and the stores then run in a loop that is not unrolled, reading the panel.
 // The panel loop is unrolled, so that each panel's accumulators die once staged.
 // cols4: the chunk's column scales (epi_col_scale); z: the batch item (its row scales).
-template <typename Out>
+// SCALED: the kernel's operands are 8-bit, whose products may carry row and column scales (16-
+// bit kernels compile without them: ptxas then kept 8 bytes of stack in the 128x256 M-major one).
+template <typename Out, bool SCALED>
 __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, char* epi,
                                              const float (&cv)[8][4], const float (&colv)[4],
                                              const float (&cols4)[4], int64_t z,
@@ -134,7 +136,7 @@ __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, ch
   for (int i = 0; i < 8; ++i) {  // pre-activation, in place (this thread's chunks only)
     float4* const at = reinterpret_cast<float4*>(epi + epi_offset<float>(rb + 8 * i, q * 16));
     const int64_t gr = row0 + rb + 8 * i;
-    const float ra = s.alpha * (gr < row_end ? epi_row_scale(p.epi, p.m, z, gr) : 1.0f);
+    const float ra = SCALED && gr < row_end ? s.alpha * epi_row_scale(p.epi, p.m, z, gr) : s.alpha;
     const float4 x = *at;
     *at = make_float4(ra * cols4[0] * x.x + s.beta * cv[i][0] + colv[0],
                       ra * cols4[1] * x.y + s.beta * cv[i][1] + colv[1],
@@ -161,7 +163,7 @@ __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, ch
   });
 }
 
-template <typename Out, int BN, typename Acc>
+template <typename Out, int BN, typename Acc, bool SCALED>
 __device__ __forceinline__ void epi_block(const GemmParams& p, const Acc (&acc)[BN / 2],
                                           int64_t z, int64_t d_item, int64_t row0, int64_t col0,
                                           int64_t row_end, int t, char* epi, uint32_t bar) {
@@ -179,7 +181,7 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const Acc (&acc)[
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
-      cols4[j] = epi_col_scale(ep, p.n, gc + j);
+      cols4[j] = SCALED ? epi_col_scale(ep, p.n, gc + j) : 1.0f;
     }
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
 #pragma unroll
@@ -207,7 +209,7 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const Acc (&acc)[
       });
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
-    epi_copy_out<Out>(p, s, epi, cv, colv, cols4, z, d_item, row0, gc, row_end, cols, t);
+    epi_copy_out<Out, SCALED>(p, s, epi, cv, colv, cols4, z, d_item, row0, gc, row_end, cols, t);
   }
 }
 

@@ -462,8 +462,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         });
       } else {
         with_dtype(p.d_type, [&](auto out) {
-          epi_block<decltype(out), Tr::kBN>(p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0,
-                                            wk.row_end, t, epi, 1 + cw);
+          epi_block<decltype(out), Tr::kBN, Acc, Ops::kBytes == 1>(
+              p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0, wk.row_end, t, epi, 1 + cw);
         });
       }
     }
