@@ -32,9 +32,11 @@ def activation_index(name) -> int:
 
 
 def fused_epilogue(has_c: bool, has_bias: bool, has_scale: bool, aux: bool, activation) -> bool:
-    """Whether a product's epilogue does more than scale by a constant alpha: the planner's
-    `epilogue` (configs.plan); the kernels' full epilogue path (epi_block, not store_block)."""
-    return bool(has_c or has_bias or has_scale or aux or activation_index(activation))
+    """Whether a product's epilogue does more than scale by alpha (a number or, has_scale, one
+    read from the device; beta matters only with C): the planner's `epilogue` (configs.plan);
+    the sm90 kernels' full epilogue path (epi_block), the rule of their `simple` in C++."""
+    del has_scale  # alpha alone, from the device or not, takes the short path (store_block)
+    return bool(has_c or has_bias or aux or activation_index(activation))
 
 
 def dims(a_shape, b_shape, transpose_a, transpose_b):

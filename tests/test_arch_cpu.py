@@ -252,8 +252,9 @@ def test_ping_pong_only_for_fused_epilogues(shape):
         assert configs.plan(m, n, k, b, arch=(9, 0), epilogue=True)[0] in pp
     assert problem.fused_epilogue(False, False, False, False, None) is False
     assert problem.fused_epilogue(False, False, False, False, "none") is False
+    assert problem.fused_epilogue(False, False, True, False, None) is False  # alpha from device
     for flags in ((True, False, False, False, None), (False, True, False, False, None),
-                  (False, False, True, False, None), (False, False, False, True, None),
+                  (True, False, True, False, None), (False, False, False, True, None),
                   (False, False, False, False, "relu")):
         assert problem.fused_epilogue(*flags) is True
 

@@ -307,7 +307,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr int kHalves = Tr::kBN / 128;
   float part[Ops::kPromote ? 64 : 1];
   // An epilogue of no more than alpha (a number, or read from the device) takes the short path
-  // (store_block); any other the full one (epi_block).
+  // (store_block); any other the full one (epi_block). The planner's rule for which products
+  // have a full epilogue is the same (jax_tcgemm/problem.py, fused_epilogue).
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.row_scale &&
                       !p.epi.col_scale && p.epi.act == Activation::kNone;
   const float alpha = simple ? epi_scale(p).alpha : 1.0f;
