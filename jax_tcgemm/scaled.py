@@ -8,13 +8,13 @@ in float32 (int8: exact int32 products), rounded once to out_dtype.
 Two paths compute it, with the same numbers (up to float32 summation order):
 - the kernels: on a GPU of compute capability 9.0, for K a multiple of 16, one call of the sm90
   8-bit kernels (wgmma; ffi/kernels/sm90/kernels_sm90_byte.cu) does the product, the scales
-  (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue. They read b
-  K-major, as (N, K): a b given as (K, N) is transposed by XLA first (one copy of b; pass
-  transpose_b=True with a (N, K) b to avoid it);
+  (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue.
+  They read b K-major, as (N, K): a b given as (K, N) is transposed by XLA first (one copy of
+  b; pass transpose_b=True with a (N, K) b to avoid it);
 - lax (everywhere else: CPU, other GPUs, K not a multiple of 16, int8 with block scales):
   lax.dot_general with float32 / int32 accumulation, the scales applied to the float32
-  accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels' tests, and it defines
-  the derivatives of both paths.
+  accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels'
+  tests, and it defines the derivatives of both paths.
 Rules (shapes, dtypes, scale forms) are pure functions of shapes and dtypes, checked at trace
 time.
 """
