@@ -408,6 +408,30 @@ def filter_cases(cs: list, spec: str | None) -> list:
     return [c for c in cs if any(fnmatch.fnmatchcase(c.name, p) for p in pats)] if pats else cs
 
 
+def run_suite(args, argv, cs: list, suffix: str, harness: str, header: str, run_one, fmt,
+              summary) -> int:
+    """The driver of a suite with its own rows and record (ragged, lowp): the record's setup
+    (benchmarks/results/<gpu><suffix>.json by default), the header, the rows (run_rows;
+    run_one(case, mem_limit) -> row), the summary line (summary(rows)), the failed rows. Returns
+    the exit status."""
+    import jax
+    backend = jax.default_backend()
+    dev, mem_limit, json_path = run_setup(args, backend, suffix)
+    meta = run_meta(dev, backend, argv, harness=harness)
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
+          f"{' (dirty)' if meta['dirty'] else ''}  reps {args.reps}")
+    print(header, flush=True)
+    rows = run_rows(cs, lambda c: run_one(c, mem_limit), fmt, json_path, meta)
+    print("\n" + summary(rows))
+    if json_path:
+        print(f"wrote {json_path}")
+    failed = [r["name"] for r in rows if r.get("err_ok") is False or (
+        "error" in r and not r["error"].startswith("skipped"))]
+    if failed:
+        print(f"FAILED (error or wrong result): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def run_rows(cs: list, run_one, fmt, json_path, meta) -> list:
     """run_one(case) -> row for each case of a suite with its own rows (ragged, lowp): an
     exception becomes the row's `error` and the run goes on; each row is printed (fmt) and the

@@ -222,21 +222,12 @@ def run(args, argv=None) -> int:
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
-    dev, mem_limit, json_path = bench.run_setup(args, backend, "-lowp")
-    meta = bench.run_meta(dev, backend, argv, harness=(
-        "per side one jit of R independent products (R distinct a, shared b and scales"
-        f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides tcgemm "
-        "(tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, dequantise-then-"
-        f"dot); 2 warm-up calls, {args.reps} timed calls per side interleaved, median"))
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
-          f"{' (dirty)' if meta['dirty'] else ''}  reps {args.reps}")
-    print(HEADER, flush=True)
-    rows = bench.run_rows(cs, lambda c: run_case(c, args.reps, mem_limit, not args.no_barrier),
-                          format_row, json_path, meta)
-    print(f"\ngeomean tcgemm / jnp {bench.geomean([r.get('ratio') for r in rows]):.3f}")
-    if json_path:
-        print(f"wrote {json_path}")
-    failed = [r["name"] for r in rows if r.get("err_ok") is False or "error" in r]
-    if failed:
-        print(f"FAILED (error or wrong result): {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    harness = ("per side one jit of R independent products (R distinct a, shared b and scales"
+               f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
+               "tcgemm (tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, "
+               f"dequantise-then-dot); 2 warm-up calls, {args.reps} timed calls per side "
+               "interleaved, median")
+    return bench.run_suite(
+        args, argv, cs, "-lowp", harness, HEADER,
+        lambda c, mem: run_case(c, args.reps, mem, not args.no_barrier), format_row,
+        lambda rows: f"geomean tcgemm / jnp {bench.geomean([r.get('ratio') for r in rows]):.3f}")

@@ -257,27 +257,19 @@ def run(args, argv=None) -> int:
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
-    dev, mem_limit, json_path = bench.run_setup(args, backend, "-ragged")
-    meta = bench.run_meta(dev, backend, argv, harness=("per side one jit of R independent products (R distinct lhs, shared "
-                        "weights and group sizes"
-                        f"{'' if args.no_barrier else ', optimization_barrier per product'}), "
-                        "sides tcgemm (tg.ragged_dot / ragged_gemm), jnp (lax.ragged_dot) and "
-                        "dense (batched (G, M/G, K) x (G, K, N), equal FLOPs); "
-                        f"2 warm-up calls, {args.reps} timed calls per side interleaved, median"))
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
-          f"{' (dirty)' if meta['dirty'] else ''}  reps {args.reps}")
-    print(HEADER, flush=True)
-    rows = bench.run_rows(cs, lambda c: run_case(c, args.reps, mem_limit, not args.no_barrier),
-                          format_row, json_path, meta)
-    print(f"\ngeomean tcgemm / lax.ragged_dot {bench.geomean([r.get('ratio') for r in rows]):.3f}"
-          f", tcgemm / dense {bench.geomean([r.get('vs_dense') for r in rows]):.3f}")
-    if json_path:
-        print(f"wrote {json_path}")
-    failed = [r["name"] for r in rows if r.get("err_ok") is False or (
-        "error" in r and not r["error"].startswith("skipped"))]
-    if failed:
-        print(f"FAILED (error or wrong result): {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    harness = ("per side one jit of R independent products (R distinct lhs, shared weights "
+               "and group sizes"
+               f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
+               "tcgemm (tg.ragged_dot / ragged_gemm), jnp (lax.ragged_dot) and dense (batched "
+               "(G, M/G, K) x (G, K, N), equal FLOPs); "
+               f"2 warm-up calls, {args.reps} timed calls per side interleaved, median")
+
+    def summary(rows):
+        ratio, dense = (bench.geomean([r.get(f) for r in rows]) for f in ("ratio", "vs_dense"))
+        return f"geomean tcgemm / lax.ragged_dot {ratio:.3f}, tcgemm / dense {dense:.3f}"
+    return bench.run_suite(args, argv, cs, "-ragged", harness, HEADER,
+                           lambda c, mem: run_case(c, args.reps, mem, not args.no_barrier),
+                           format_row, summary)
 
 
 def main(argv=None) -> int:

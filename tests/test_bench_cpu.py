@@ -387,3 +387,24 @@ def test_lowp_sides_and_reference(kind, layout):
             out = np.asarray(jax.jit(op)(a[0], *sh)).astype(np.float64)
             err = np.linalg.norm(out - want) / np.linalg.norm(want)
             assert err <= (0 if kind == "int8" else 1e-2), (side, err)
+
+
+def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
+    """--suite lowp and --suite ragged --force on tiny rows (bench.run_suite, the driver both
+    share): every row timed on both sides, its record written, the summary line printed."""
+    from jax_tcgemm import bench_lowp, bench_ragged
+    monkeypatch.setattr(bench_lowp, "cases", lambda: [
+        bench_lowp.LowpCase("lowp_t_int8", 32, 48, 256, "int8", "NN"),
+        bench_lowp.LowpCase("lowp_t_block", 32, 130, 260, "fp8_block", "NT")])
+    monkeypatch.setattr(bench_ragged, "ROWS", (("ragged_t", 2, 64, 32, 48, "equal", "dot"),))
+    monkeypatch.setattr(timing, "TARGET_FLOP", 1e6)
+    for suite, names, line in (("lowp", ["lowp_t_int8", "lowp_t_block"], "geomean tcgemm / jnp"),
+                               ("ragged", ["ragged_t"], "geomean tcgemm / lax.ragged_dot")):
+        out = tmp_path / f"{suite}.json"
+        rc = bench.main(["--force", "--suite", suite, "--reps", "7", "--json", str(out)])
+        text = capsys.readouterr().out
+        assert rc == 0, text
+        rows = json.loads(out.read_text())["rows"]
+        assert [r["name"] for r in rows] == names
+        assert all(r["tcgemm_tflops"] > 0 and r["err_ok"] for r in rows), rows
+        assert line in text
