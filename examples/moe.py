@@ -28,6 +28,7 @@ while a wrong gradient or permutation breaks training outright.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -40,9 +41,11 @@ from jax import lax
 
 import jax_tcgemm as tg
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
+from common import OUT_FEATURES, compare, count_eqns, make_step, teacher, windows  # noqa: E402
+
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP
-OUT_FEATURES = 16
 
 
 def tcgemm_experts(x, w1, w2, sizes):
@@ -94,49 +97,18 @@ class Model(nn.Module):
         return nn.Dense(OUT_FEATURES, name="head")(h)
 
 
-def batch(key, teacher, n, dim):
-    x = jax.random.normal(key, (n, dim), jnp.float32)
-    return x, jnp.sin(x @ teacher)
-
-
-def make_step(model, opt, teacher, n, dim):
-    @jax.jit
-    def step(params, opt_state, key):
-        x, y = batch(key, teacher, n, dim)
-
-        def loss_fn(p):
-            return jnp.mean(jnp.square(model.apply(p, x) - y))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-    return step
-
-
-def count_eqns(jaxpr, name):
-    """Equations of primitive `name`, nested jaxprs included."""
-    n = 0
-    for e in jaxpr.eqns:
-        n += e.primitive.name == name
-        for v in e.params.values():
-            for sub in v if isinstance(v, (tuple, list)) else (v,):
-                sub = getattr(sub, "jaxpr", sub)
-                n += count_eqns(sub, name) if hasattr(sub, "eqns") else 0
-    return n
-
-
 def train_both(args, lr):
     """Trains the tcgemm and the lax model in lockstep; {name: (losses, seconds)} and the
     tcgemm model's gradient's counts of tcgemm_ragged and ragged_dot_general equations."""
     k_init, k_teacher, k_data = jax.random.split(jax.random.PRNGKey(args.seed), 3)
-    teacher = jax.random.normal(k_teacher, (args.dim, OUT_FEATURES)) / jnp.sqrt(args.dim)
+    t = teacher(k_teacher, args.dim)
     models = {name: Model(args.dim, args.experts, args.hidden, args.top_k, fn)
               for name, fn in (("tcgemm", tcgemm_experts), ("lax", lax_experts))}
     x0 = jnp.zeros((args.tokens, args.dim), jnp.float32)
     params = jax.jit(models["lax"].init)(k_init, x0)
     opt = optax.adam(lr)
     state = {name: (params, opt.init(params)) for name in models}
-    step = {name: make_step(m, opt, teacher, args.tokens, args.dim) for name, m in models.items()}
+    step = {name: make_step(m, opt, t, args.tokens, args.dim) for name, m in models.items()}
     grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x)))
     jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr
     counts = count_eqns(jaxpr, "tcgemm_ragged"), count_eqns(jaxpr, "ragged_dot_general")
@@ -151,10 +123,6 @@ def train_both(args, lr):
             hist[name][0].append(loss)
             state[name] = (p, o)
     return hist, counts
-
-
-def windows(losses, every):
-    return [statistics.fmean(losses[i:i + every]) for i in range(0, len(losses), every)]
 
 
 def main(argv=None) -> int:
@@ -189,14 +157,12 @@ def main(argv=None) -> int:
     print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, lax {med['lax']:.3f} ms "
           f"(tcgemm/lax = {med['tcgemm'] / med['lax']:.3f}; the first step, the compile, "
           "excluded)")
-    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
-    fell = ref[-1] < 0.5 * ref[0] and ours[-1] < 0.5 * ours[0]
+    ok, worst, fell = compare(hist["tcgemm"][0], hist["lax"][0], every, RTOL)
     print(f"worst window difference {worst:.2e} (tolerance {RTOL:.2e} = 8 bf16 ulps); loss "
           f"fell 2x: {fell}")
     if n_ours != 6 or n_lax:
         print("FAIL: the tcgemm model's expert products are not all tcgemm_ragged")
         return 1
-    ok = worst <= RTOL and fell
     print("OK" if ok else "FAIL")
     return 0 if ok else 1
 

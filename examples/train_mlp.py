@@ -26,6 +26,7 @@ per step), which removes step-to-step noise without hiding a drift.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -37,9 +38,11 @@ import optax
 
 from jax_tcgemm import layers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
+from common import OUT_FEATURES, compare, count_eqns, make_step, teacher, windows  # noqa: E402
+
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP  # see the module docstring
-OUT_FEATURES = 16
 
 
 class MLP(nn.Module):
@@ -59,50 +62,19 @@ class MLP(nn.Module):
         return cls(OUT_FEATURES, name=f"Dense_{self.depth}", **kw)(x)
 
 
-def batch(key, teacher, n, width):
-    x = jax.random.normal(key, (n, width), jnp.float32)
-    return x, jnp.sin(x @ teacher)
-
-
-def make_step(model, opt, teacher, n, width):
-    @jax.jit
-    def step(params, opt_state, key):
-        x, y = batch(key, teacher, n, width)
-
-        def loss_fn(p):
-            return jnp.mean(jnp.square(model.apply(p, x).astype(jnp.float32) - y))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-    return step
-
-
-def count_eqns(jaxpr, name):
-    """Equations of primitive `name` in a jaxpr, nested jaxprs (jit, custom_jvp, ...) included."""
-    n = 0
-    for e in jaxpr.eqns:
-        n += e.primitive.name == name
-        for v in e.params.values():
-            for sub in v if isinstance(v, (tuple, list)) else (v,):
-                sub = getattr(sub, "jaxpr", sub)
-                n += count_eqns(sub, name) if hasattr(sub, "eqns") else 0
-    return n
-
-
 def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
     """Trains the tcgemm and the stock model in lockstep; returns {name: (losses, seconds)}
     and the numbers of tcgemm and of dot_general equations in the tcgemm model's gradient."""
     key = jax.random.PRNGKey(seed)
     k_init, k_teacher, k_data = jax.random.split(key, 3)
-    teacher = jax.random.normal(k_teacher, (width, OUT_FEATURES)) / jnp.sqrt(width)
+    t = teacher(k_teacher, width)
     models = {"tcgemm": MLP(width, depth, fused=True), "jnp": MLP(width, depth)}
     params = jax.jit(models["jnp"].init)(k_init, jnp.zeros((1, width), jnp.float32))
     p_fused = jax.eval_shape(models["tcgemm"].init, k_init, jnp.zeros((1, width), jnp.float32))
     assert jax.tree.structure(p_fused) == jax.tree.structure(params)  # one init serves both
     opt = optax.adam(lr)
     state = {name: (params, opt.init(params)) for name in models}
-    step = {name: make_step(m, opt, teacher, batch_size, width) for name, m in models.items()}
+    step = {name: make_step(m, opt, t, batch_size, width) for name, m in models.items()}
     x0 = jnp.zeros((batch_size, width), jnp.float32)
     grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x).astype(jnp.float32)))
     jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
@@ -118,18 +90,6 @@ def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
             hist[name][0].append(loss)
             state[name] = (p, o)
     return hist, n_tcgemm, n_dot
-
-
-def windows(losses, every):
-    return [statistics.fmean(losses[i:i + every]) for i in range(0, len(losses), every)]
-
-
-def compare(hist, every, rtol=RTOL):
-    """(ok, worst relative difference of the window means, whether the loss fell 2x)."""
-    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["jnp"][0], every)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
-    fell = ref[-1] < 0.5 * ref[0] and ours[-1] < 0.5 * ours[0]
-    return worst <= rtol and fell, worst, fell
 
 
 def main(argv=None) -> int:
@@ -163,7 +123,7 @@ def main(argv=None) -> int:
     med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
     print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, jnp {med['jnp']:.3f} ms "
           f"(tcgemm/jnp = {med['tcgemm'] / med['jnp']:.3f}; first step, the compile, excluded)")
-    ok, worst, fell = compare(hist, every)
+    ok, worst, fell = compare(hist["tcgemm"][0], hist["jnp"][0], every, RTOL)
     print(f"worst window difference {worst:.2e} (tolerance {RTOL:.2e} = 8 bf16 ulps); "
           f"loss fell 2x: {fell}")
     if n_tcgemm == 0 or n_dot:
