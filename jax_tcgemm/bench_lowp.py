@@ -159,10 +159,12 @@ def reference64(case: LowpCase, a, b, sa, sb, rows) -> np.ndarray:
 
 
 def config_of(case: LowpCase) -> str:
+    """The row tg.scaled_matmul runs the case on (scaled.kernel_config), or "lax"."""
     try:
-        from jax_tcgemm import configs
+        from jax_tcgemm import scaled
         kind = "int8" if case.kind in ("int8", "w8a8") else "fp8"
-        return configs.plan_byte(case.m, case.n, case.k, kind) or "lax"
+        form = "block" if case.kind == "fp8_block" else "outer"
+        return scaled.kernel_config(kind, case.m, case.n, case.k, form) or "lax"
     except Exception:  # noqa: BLE001
         return "n/a"
 

@@ -96,11 +96,11 @@ def matmul(a, b, *, out_dtype=None, precision=None):
         raise ValueError(f"jax_tcgemm.matmul: operands must have rank >= 1; got shapes "
                          f"{a.shape} and {b.shape}")
     if not _kernel_dtype(a, b):  # accumulate in out_dtype, as lax (never cast after the fact)
-        if (np.dtype(a.dtype) == np.int8 and np.dtype(b.dtype) == np.int8 and a.ndim >= 2
-                and b.ndim == 2 and out_dtype is not None and np.dtype(out_dtype) == np.int32
-                and a.shape[-1] == b.shape[0]):
-            from .scaled import scaled_matmul  # the int8 kernel where it runs (exact int32)
-            return scaled_matmul(a, b, None, None, out_dtype=jnp.int32)
+        if a.ndim >= 2 and b.ndim == 2 and out_dtype is not None:  # int8: dot_general's route
+            out = _int8_product(a, b, (((a.ndim - 1,), (0,)), ((), ())), precision, out_dtype,
+                                None)
+            if out is not None:
+                return out
         return _jnp_matmul(a, b, precision=precision, preferred_element_type=out_dtype)
     precision = _precision(precision, like_matmul=True)
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
