@@ -59,8 +59,20 @@ def scales(rng, form, n):
 
 
 def reference(a, b, sa, sb, c, bias, beta, activation, transpose_b):
-    """float64 result of the quantised operands (b as given), scales, epilogue."""
-    acc = f64(a) @ (f64(b).T if transpose_b else f64(b))
+    """float64 result of the quantised operands (b as given), scales, epilogue. A 2-D sa is the
+    block form: sa (M, Kb), sb (Kb, Nb) or, with transpose_b, (Nb, Kb); each 128-slice of K's
+    exact partial product scaled by its blocks' scales."""
+    bk = f64(b).T if transpose_b else f64(b)  # (K, N)
+    if sa is not None and np.ndim(sa) == 2:
+        m, (k, n) = a.shape[0], bk.shape
+        sbk = np.asarray(sb, np.float64).T if transpose_b else np.asarray(sb, np.float64)
+        acc = np.zeros((m, n))
+        for j in range(-(-k // 128)):
+            sl = slice(128 * j, 128 * (j + 1))
+            acc += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
+        sa = None  # (applied)
+    else:
+        acc = f64(a) @ bk
     if sa is not None:
         s_a = np.asarray(sa, np.float64)
         acc = acc * (s_a[:, None] if s_a.ndim == 1 else s_a)
@@ -254,15 +266,7 @@ def test_block_scales(pair):
             fails.append(f"{what}: the compiled product does not call the kernel")
             continue
         out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
-        bk = f64(b).T if tb else f64(b)  # (K, N)
-        sbk = np.asarray(sb, np.float64).T if tb else np.asarray(sb, np.float64)  # (Kb, Nb)
-        want = np.zeros((m, n))
-        for j in range(kb):
-            sl = slice(128 * j, 128 * (j + 1))
-            want += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
-        if bias is not None:
-            want = want + bias
-        want = act64(act, want)
+        want = reference(a, b, sa, sb, None, bias, 0.0, act, tb)
         tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
         err = rel_err(out, want)
         if not same or not err <= tol:
@@ -336,18 +340,7 @@ def test_scaled_fuzz():
                                     activation=act, transpose_b=tb)
         args = (a, b, sa, sb, bias)
         out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
-        bk = f64(b).T if tb else f64(b)
-        if fa == "block":
-            sbk = np.asarray(sb, np.float64).T if tb else np.asarray(sb, np.float64)
-            want = np.zeros((m, n))
-            for j in range(kb):
-                sl = slice(128 * j, 128 * (j + 1))
-                want += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
-        else:
-            want = reference(a, b, sa, sb, None, None, 0.0, None, tb)
-        if bias is not None:
-            want = want + bias
-        want = act64(act, want)
+        want = reference(a, b, sa, sb, None, bias, 0.0, act, tb)
         what = (f"case {i}: {ta.name}x{tbd.name} {m}x{n}x{k} transpose_b={tb} -> "
                 f"{out_dtype.name} scales {fa}/{fb} act={act}")
         if out_dtype == I32:
