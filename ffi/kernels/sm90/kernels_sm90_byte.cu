@@ -9,8 +9,7 @@
 
 #include "host/gemm_config.h"
 #include "kernels/common/element.cuh"
-#include "kernels/sm90/gemm_sm90.cuh"
-#include "kernels/sm90/sm90_entry.h"
+#include "kernels/sm90/sm90_entry.h"  // and gemm_sm90.cuh
 
 namespace tcgemm {
 namespace {

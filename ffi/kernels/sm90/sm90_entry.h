@@ -4,6 +4,7 @@
 // reach the launch through Sm90ByteEntry.
 #pragma once
 #include "host/gemm_params.h"
+#include "kernels/sm90/gemm_sm90.cuh"
 
 namespace tcgemm {
 
@@ -12,14 +13,12 @@ struct Sm90Entry {
   int threads, smem_bytes, bm, bn;
 };
 
-#ifdef __CUDACC__
 template <typename Ops, int CFG, bool AK, bool BK>
 Sm90Entry MakeSm90() {
   using Tr = Sm90Traits<CFG>;
   return {reinterpret_cast<const void*>(&gemm_sm90_kernel<Ops, CFG, AK, BK>), Tr::kThreads,
           Tr::kSmemBytes, Tr::kBM, Tr::kBN};
 }
-#endif
 
 // The kernel of sm90 config `config` for 8-bit operands of types a x b (K-major both), or an
 // entry without fn where there is none (HasByteKernels, or a pair that is not an fp8 or int8
