@@ -6,6 +6,7 @@ under the tests)."""
 from __future__ import annotations
 
 import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,41 @@ def make_step(model, opt, t, n, width, meta=None):
         new = optax.apply_updates(params, updates)
         return ({"params": new, meta: grads[meta]} if meta else new), opt_state, loss
     return step
+
+
+def train_lockstep(step, state, key, steps):
+    """steps of every model in turn on the same batches (step[name](*state[name], key) ->
+    (variables, opt_state, loss); interleaved, so both see the same machine state): returns
+    {name: (losses, seconds per step)} and the final {name: (variables, opt_state)}."""
+    hist = {name: ([], []) for name in step}
+    state = dict(state)
+    for i in range(steps):
+        k = jax.random.fold_in(key, i)
+        for name in step:
+            t0 = time.perf_counter()
+            v, o, loss = step[name](*state[name], k)
+            loss = float(loss)  # waits for the step
+            hist[name][1].append(time.perf_counter() - t0)
+            hist[name][0].append(loss)
+            state[name] = (v, o)
+    return hist, state
+
+
+def report(hist, ref, every, steps, rtol, tol_note=""):
+    """Prints the loss curves of hist["tcgemm"] and hist[ref] side by side (window means), the
+    final losses, the median step times and the comparison; returns compare's ok."""
+    print(f"{'step':>6} {'loss tcgemm':>12} {'loss ' + ref:>12} {'rel diff':>9}   (window means)")
+    ours, other = windows(hist["tcgemm"][0], every), windows(hist[ref][0], every)
+    for w, (a, b) in enumerate(zip(ours, other)):
+        print(f"{min((w + 1) * every, steps):>6} {a:>12.6f} {b:>12.6f} {abs(a - b) / abs(b):>9.2e}")
+    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, {ref} {other[-1]:.6f}")
+    med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
+    print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, {ref} {med[ref]:.3f} ms "
+          f"(tcgemm/{ref} = {med['tcgemm'] / med[ref]:.3f}; first step, the compile, excluded)")
+    ok, worst, fell = compare(hist["tcgemm"][0], hist[ref][0], every, rtol)
+    print(f"worst window difference {worst:.2e} (tolerance {rtol:.2e}{tol_note}); "
+          f"loss fell 2x: {fell}")
+    return ok
 
 
 def windows(losses, every):

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -42,7 +40,8 @@ from jax import lax
 import jax_tcgemm as tg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import OUT_FEATURES, compare, count_eqns, make_step, teacher, windows  # noqa: E402
+from common import (OUT_FEATURES, count_eqns, make_step, report, teacher,  # noqa: E402
+                    train_lockstep)
 
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP
@@ -112,16 +111,7 @@ def train_both(args, lr):
     grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x)))
     jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr
     counts = count_eqns(jaxpr, "tcgemm_ragged"), count_eqns(jaxpr, "ragged_dot_general")
-    hist = {name: ([], []) for name in models}
-    for i in range(args.steps):
-        k = jax.random.fold_in(k_data, i)
-        for name in models:  # interleaved: both see the same machine state
-            t0 = time.perf_counter()
-            p, o, loss = step[name](*state[name], k)
-            loss = float(loss)  # waits for the step
-            hist[name][1].append(time.perf_counter() - t0)
-            hist[name][0].append(loss)
-            state[name] = (p, o)
+    hist, _ = train_lockstep(step, state, k_data, args.steps)
     return hist, counts
 
 
@@ -147,19 +137,7 @@ def main(argv=None) -> int:
     hist, (n_ours, n_lax) = train_both(args, lr)
     print(f"equations in the tcgemm model's gradient: tcgemm_ragged {n_ours}, ragged_dot_general "
           f"{n_lax} (expected 6 and 0: two expert products forward, four backward)")
-    print(f"{'step':>6} {'loss tcgemm':>12} {'loss lax':>12} {'rel diff':>9}   (window means)")
-    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["lax"][0], every)
-    for w, (a, b) in enumerate(zip(ours, ref)):
-        print(f"{min((w + 1) * every, args.steps):>6} {a:>12.6f} {b:>12.6f} "
-              f"{abs(a - b) / abs(b):>9.2e}")
-    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, lax {ref[-1]:.6f}")
-    med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
-    print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, lax {med['lax']:.3f} ms "
-          f"(tcgemm/lax = {med['tcgemm'] / med['lax']:.3f}; the first step, the compile, "
-          "excluded)")
-    ok, worst, fell = compare(hist["tcgemm"][0], hist["lax"][0], every, RTOL)
-    print(f"worst window difference {worst:.2e} (tolerance {RTOL:.2e} = 8 bf16 ulps); loss "
-          f"fell 2x: {fell}")
+    ok = report(hist, "lax", every, args.steps, RTOL, " = 8 bf16 ulps")
     if n_ours != 6 or n_lax:
         print("FAIL: the tcgemm model's expert products are not all tcgemm_ragged")
         return 1

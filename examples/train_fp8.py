@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import functools
-import statistics
 import sys
-import time
 import warnings
 from typing import Any
 
@@ -47,7 +45,7 @@ from flax.linen import fp8_ops
 from jax_tcgemm import layers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import OUT_FEATURES, compare, make_step, teacher, windows  # noqa: E402
+from common import OUT_FEATURES, make_step, report, teacher, train_lockstep  # noqa: E402
 
 OWG = fp8_ops.OVERWRITE_WITH_GRADIENT  # the fp8 meta collection
 RTOL_F32, RTOL_BF16 = 1e-2, 8 * 2.0 ** -8  # see the module docstring
@@ -86,18 +84,9 @@ def train_both(steps, batch_size, width, depth=2, seed=0, lr=1e-3, dtype=jnp.flo
     opt = optax.adam(lr)
     state = {name: (variables, opt.init(variables["params"])) for name in models}
     step = {name: make_step(m, opt, t, batch_size, width, meta=OWG) for name, m in models.items()}
-    hist = {name: ([], []) for name in models}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        for i in range(steps):
-            k = jax.random.fold_in(k_data, i)
-            for name in models:  # interleaved: both see the same machine state
-                t0 = time.perf_counter()
-                v, o, loss = step[name](*state[name], k)
-                loss = float(loss)  # waits for the step
-                hist[name][1].append(time.perf_counter() - t0)
-                hist[name][0].append(loss)
-                state[name] = (v, o)
+        hist, state = train_lockstep(step, state, k_data, steps)
     return hist, {name: s[0] for name, s in state.items()}
 
 
@@ -122,18 +111,7 @@ def main(argv=None) -> int:
           "flax.linen.Fp8DotGeneralOp (stock)")
     hist, _ = train_both(args.steps, args.batch, args.width, args.depth, args.seed, args.lr,
                          dtype, args.history)
-    print(f"{'step':>6} {'loss tcgemm':>12} {'loss stock':>12} {'rel diff':>9}   (window means)")
-    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["stock"][0], every)
-    for w, (a, b) in enumerate(zip(ours, ref)):
-        last = min((w + 1) * every, args.steps)
-        print(f"{last:>6} {a:>12.6f} {b:>12.6f} {abs(a - b) / abs(b):>9.2e}")
-    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, stock {ref[-1]:.6f}")
-    med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
-    print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, stock {med['stock']:.3f} ms "
-          f"(tcgemm/stock = {med['tcgemm'] / med['stock']:.3f}; first step, the compile, "
-          "excluded)")
-    ok, worst, fell = compare(hist["tcgemm"][0], hist["stock"][0], every, rtol)
-    print(f"worst window difference {worst:.2e} (tolerance {rtol:.2e}); loss fell 2x: {fell}")
+    ok = report(hist, "stock", every, args.steps, rtol)
     print("OK" if ok else "FAIL")
     return 0 if ok else 1
 

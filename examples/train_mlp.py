@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -39,7 +37,8 @@ import optax
 from jax_tcgemm import layers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import OUT_FEATURES, compare, count_eqns, make_step, teacher, windows  # noqa: E402
+from common import (OUT_FEATURES, count_eqns, make_step, report, teacher,  # noqa: E402
+                    train_lockstep)
 
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP  # see the module docstring
@@ -79,16 +78,7 @@ def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
     grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x).astype(jnp.float32)))
     jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
     n_tcgemm, n_dot = count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")
-    hist = {name: ([], []) for name in models}
-    for i in range(steps):
-        k = jax.random.fold_in(k_data, i)
-        for name in models:  # interleaved: both see the same machine state
-            t0 = time.perf_counter()
-            p, o, loss = step[name](*state[name], k)
-            loss = float(loss)  # waits for the step
-            hist[name][1].append(time.perf_counter() - t0)
-            hist[name][0].append(loss)
-            state[name] = (p, o)
+    hist, _ = train_lockstep(step, state, k_data, steps)
     return hist, n_tcgemm, n_dot
 
 
@@ -114,18 +104,7 @@ def main(argv=None) -> int:
     print(f"equations in the tcgemm model's gradient: tcgemm {n_tcgemm}, dot_general {n_dot} "
           f"(expected {3 * args.depth + 2} and 0: per layer forward, weight and input gradient, "
           "no input gradient for the first layer)")
-    print(f"{'step':>6} {'loss tcgemm':>12} {'loss jnp':>12} {'rel diff':>9}   (window means)")
-    ours, ref = windows(hist["tcgemm"][0], every), windows(hist["jnp"][0], every)
-    for w, (a, b) in enumerate(zip(ours, ref)):
-        last = min((w + 1) * every, args.steps)
-        print(f"{last:>6} {a:>12.6f} {b:>12.6f} {abs(a - b) / abs(b):>9.2e}")
-    print(f"final loss (last window): tcgemm {ours[-1]:.6f}, jnp {ref[-1]:.6f}")
-    med = {name: statistics.median(h[1][1:] or h[1]) * 1e3 for name, h in hist.items()}
-    print(f"median step time: tcgemm {med['tcgemm']:.3f} ms, jnp {med['jnp']:.3f} ms "
-          f"(tcgemm/jnp = {med['tcgemm'] / med['jnp']:.3f}; first step, the compile, excluded)")
-    ok, worst, fell = compare(hist["tcgemm"][0], hist["jnp"][0], every, RTOL)
-    print(f"worst window difference {worst:.2e} (tolerance {RTOL:.2e} = 8 bf16 ulps); "
-          f"loss fell 2x: {fell}")
+    ok = report(hist, "jnp", every, args.steps, RTOL, " = 8 bf16 ulps")
     if n_tcgemm == 0 or n_dot:
         print("FAIL: the tcgemm model's products are not all tcgemm")
         return 1
