@@ -17,7 +17,10 @@ Public API::
     tg.scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None,
                      activation=None, c=None, beta=0.0, transpose_b=False)
                                               # fp8 / int8 with per-tensor, per-row / column or
-                                              # 128-block scales (through XLA for now: issue 26)
+                                              # 128-block scales (the sm90 8-bit kernels)
+
+Operands float16 / bfloat16, or float32 run by their precision as lax does on GPU (one TF32
+pass at DEFAULT, 3xTF32 at HIGHEST: float32 accuracy, the TF32 / BF16 presets; problem.py).
 """
 from .ops import dot_general, gemm, matmul
 from .ragged import ragged_dot, ragged_dot_general, ragged_gemm

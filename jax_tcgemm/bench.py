@@ -488,7 +488,7 @@ def cpu_demo() -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_tcgemm.bench",
                                 description="Time jax_tcgemm (tcgemm) against jnp on the GPU.")
-    p.add_argument("--suite", choices=SUITES + ("ragged", "lowp", "all"), default="all")
+    p.add_argument("--suite", choices=SUITES + ("ragged", "lowp", "f32", "all"), default="all")
     p.add_argument("--dtype", choices=tuple(DTYPE_CHOICES), default="both")
     p.add_argument("--json", metavar="PATH", help="default on GPU: benchmarks/results/<gpu>.json")
     p.add_argument("--plot", metavar="PATH", help="PNG bar chart of TFLOP/s per case")
@@ -531,6 +531,9 @@ def main(argv=None) -> int:
     if args.suite == "lowp":  # fp8 / int8 (tg.scaled_matmul): bench_lowp.py
         from . import bench_lowp
         return bench_lowp.run(args, argv)
+    if args.suite == "f32":  # float32 by precision (TF32, 3xTF32, presets): bench_f32.py
+        from . import bench_f32
+        return bench_f32.run(args, argv)
     try:
         cs = select_cases(args)
     except ValueError as e:

@@ -38,6 +38,7 @@ class Config:
     # and the sm80 rows with grouped kernels (plan_ragged picks among these)
     int8: bool = False  # has kernels for int8 x int8 (HasByteKernels in C++; plan_byte)
     fp8: bool = False   # has kernels for the fp8 pairs (HasByteKernels, fp8)
+    f32: bool = False   # has kernels for float32 operands read as TF32 (HasTf32Kernels; plan_f32)
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -205,9 +206,10 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     return max(t_gemm, t_mem) + _OVERLAP * min(t_gemm, t_mem), t_gemm
 
 
-def effective_split(c: Config, k: int, split_k: int) -> int:
-    """K slices that actually run for split_k requested ones (EffectiveSplitK in C++)."""
-    return _module().effective_split(c.name, k, split_k)
+def effective_split(c: Config, k: int, split_k: int, operand_bytes: int = 2) -> int:
+    """K slices that actually run for split_k requested ones (EffectiveSplitK in C++) of
+    operands of `operand_bytes` bytes (an sm90 k tile is 128 bytes of K)."""
+    return _module().effective_split(c.name, k, split_k, operand_bytes)
 
 
 # Packing (ffi/kernels/aux/pack.cu): a product that packs (should_pack: the `pack` attribute of the
@@ -269,11 +271,12 @@ def packed_ld(cols: int) -> int:
 
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
                      transpose_a: bool, transpose_b: bool, config: str, split_k: int,
-                     pack: bool) -> int:
+                     pack: bool, operand_bytes: int = 2) -> int:
     """float32 workspace of one call: split-K partials, then (with `pack`) the packed operand
-    copies (PlanWorkspace in C++, which the handler checks the workspace against)."""
+    copies (PlanWorkspace in C++, which the handler checks the workspace against), for
+    operands of `operand_bytes` bytes."""
     return _module().workspace_floats(m, n, k, batch, a_shared, b_shared, transpose_a,
-                                      transpose_b, config, split_k, pack)
+                                      transpose_b, config, split_k, pack, operand_bytes)
 
 
 def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
@@ -437,3 +440,22 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
         return None
     best = min((*estimate(c, 1, m, n, k, 1), i) for i, c in rows)
     return CONFIGS[best[-1]].name
+
+
+def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | None = "device",
+             epilogue: bool = False):
+    """(config name, split_k) for a float32 product read as TF32 (K-major operands, K a
+    multiple of 4: what the lowering makes of any float32 product), or None where no TF32
+    kernel runs (compute capability other than 9.0; arch "device": the default device's).
+    Among the rows with TF32 kernels (Config.f32), the (row, split) the cost model picks for
+    the same product (tiles, waves and K slices do not depend on the element size)."""
+    if arch == "device":
+        arch = device_arch()
+    if arch is None or tuple(arch[:2]) != (9, 0) or k % 4 != 0:
+        return None
+    rows = [(i, c) for i, c in enumerate(CONFIGS) if c.f32]
+    if not rows:
+        return None
+    best = min((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
+               for i, c in rows for s in splits(c, k, m) if competes(c, s, m, n, k, batch, epilogue))
+    return CONFIGS[best[-2]].name, best[-1]

@@ -1,7 +1,9 @@
 """Public entry points: argument checks and normalisation onto the primitives.
 
-Supported by the kernels: both operands float16 or both bfloat16; output float16, bfloat16 or
-float32; accumulation always float32. Other dtypes (float32, float64, integers, complex, mixed
+Supported by the kernels: both operands float16, both bfloat16 or both float32 (run by their
+precision: one TF32 pass, 3xTF32 at HIGHEST, the bfloat16 presets; problem.f32_algorithm);
+output float16, bfloat16 or float32; accumulation always float32. int8 x int8 -> int32 runs on
+the int8 kernels (tg.scaled_matmul). Other dtypes (float64, other integers, complex, mixed
 float16 x bfloat16, which promotes to float32) are computed by jnp.matmul / lax.dot_general,
 documented in the README; supported dtypes never fall back.
 """
@@ -21,7 +23,7 @@ from jax.numpy import matmul as _jnp_matmul
 
 from . import epilogue
 from .primitive import tcgemm
-from .problem import IN_DTYPES, OUT_DTYPES, canonical_precision
+from .problem import OPERAND_DTYPES, OUT_DTYPES, canonical_precision
 
 
 def _as_array(x, name):
@@ -43,15 +45,15 @@ def _to3(x, batch):
     return x.reshape((math.prod(batch),) + x.shape[-2:])
 
 
-def _kernel_dtype(a, b) -> bool:
-    return a.dtype == b.dtype and np.dtype(a.dtype) in IN_DTYPES
+def _kernel_dtype(a, b, allowed=OPERAND_DTYPES) -> bool:
+    return a.dtype == b.dtype and np.dtype(a.dtype) in allowed
 
 
 def _check_out_dtype(out_dtype, what):
     dt = np.dtype(out_dtype)
     if dt not in OUT_DTYPES:
         raise TypeError(f"jax_tcgemm: {what} must be float16, bfloat16 or float32 for "
-                        f"float16/bfloat16 operands; got {dt}")
+                        f"float16, bfloat16 or float32 operands; got {dt}")
     return dt
 
 
@@ -88,8 +90,10 @@ def matmul(a, b, *, out_dtype=None, precision=None):
     """`jnp.matmul(a, b)` on the tensor cores: (..., M, K) @ (..., K, N), batch dims broadcast.
 
     out_dtype: float16, bfloat16 or float32 (default: the operands' dtype). precision: as in
-    jnp.matmul (validated by lax and kept in the primitive's params; float16/bfloat16 products
-    are exact in the float32 accumulator at any precision).
+    jnp.matmul (validated by lax and kept in the primitive's params). float16/bfloat16
+    products are exact in the float32 accumulator at any precision; float32 ones run its
+    algorithm (None, DEFAULT, HIGH: one TF32 pass, as XLA on GPU; HIGHEST: 3xTF32, float32
+    accuracy; TF32 / BF16 presets as named; others through lax).
     """
     a, b = _as_array(a, "a"), _as_array(b, "b")
     if a.ndim == 0 or b.ndim == 0:
@@ -199,7 +203,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     contracting, free) need no copy (layout flags); other orders cost one transpose of that
     operand. `precision` is validated by lax and kept, in lax's canonical form, in the
     primitive's params (and those of its gradient's products); float16/bfloat16 products are
-    exact in the float32 accumulator at any precision. `preferred_element_type` is normalised
+    exact in the float32 accumulator at any precision, float32 ones run its algorithm (see
+    matmul). `preferred_element_type` is normalised
     as lax does it; a result type the kernels do not write (float64, integers) is computed by
     lax.
     """
@@ -275,7 +280,8 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     """D = activation(alpha * op(a) @ op(b) + beta * c + bias) in one fused kernel launch.
 
     a: (..., M, K), or (..., K, M) with transpose_a; b: (..., K, N), or (..., N, K) with
-    transpose_b; both float16 or both bfloat16; leading batch dims broadcast as in matmul.
+    transpose_b; both float16, both bfloat16 or both float32 (run by `precision`, as in
+    matmul); leading batch dims broadcast as in matmul.
     c: out_dtype or float32, broadcastable to the result (..., M, N): full, per-row (M, 1),
     per-column (N,), with or without batch dims. bias: (N,), added in float32. activation:
     None, "relu", "gelu" (erf), "gelu_tanh" or "silu". alpha, beta: Python numbers or float32
@@ -291,9 +297,9 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     desc = f"a{a.shape} {a.dtype}, b{b.shape} {b.dtype}"
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"jax_tcgemm.gemm: a and b must have rank >= 2; got {desc}")
-    if a.dtype != b.dtype or np.dtype(a.dtype) not in IN_DTYPES:
-        raise TypeError(f"jax_tcgemm.gemm: a and b must both be float16 or both bfloat16; got "
-                        f"{desc}")
+    if a.dtype != b.dtype or np.dtype(a.dtype) not in OPERAND_DTYPES:
+        raise TypeError(f"jax_tcgemm.gemm: a and b must both be float16, both bfloat16 or both "
+                        f"float32; got {desc}")
     epilogue.check_activation(activation, "gemm")
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
     precision = _precision(precision)

@@ -11,10 +11,10 @@ has_scale, aux (also return pre, what the backward pass of the activation reads)
 None (the CUDA lowering plans for the device: configs.py), or a (config name, split_k)
 override; overwrite_c, a memory hint: d may reuse c's buffer (input_output_aliases) where
 c has d's shape and dtype, so that a donated c is updated in place; and `precision`, in the
-canonical form lax.dot_general keeps in its own params (problem.canonical_precision): it
-changes float32 math only (float16/bfloat16 products are exact in the float32 accumulator at
-any precision), so the kernels of today ignore it; it is kept, through every transformation,
-for the float32 kernels that will honour it.
+canonical form lax.dot_general keeps in its own params (problem.canonical_precision), kept
+through every transformation: it changes float32 math only (float16/bfloat16 products are
+exact in the float32 accumulator at any precision); float32 operands run the algorithm it
+names (problem.f32_algorithm: one TF32 pass, 3xTF32, the bfloat16 presets; _f32_lowering).
 
 tcgemm_dact_p(ct, pre) -> [g], [dbias]: the backward pass of the epilogue in one pass over the
 cotangent: g = ct * act'(pre) and the bias gradient (float32 column sums of g); the
@@ -32,9 +32,10 @@ from jax.extend.core import Primitive
 from jax.lax import dot_general as _lax_dot_general  # as imported: safe under a monkeypatch
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi, epilogue, problem, sharding
+from . import _ffi, epilogue, f32, problem, sharding
 from .epilogue import activate_grad
-from .problem import IN_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, dims, split_operands
+from .problem import IN_DTYPES, OPERAND_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, F32, dims
+from .problem import split_operands
 from .problem import canonical_precision, is_canonical_precision, swap_precision
 
 tcgemm_p = Primitive("tcgemm")
@@ -77,8 +78,9 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
             f"b{tuple(b.shape)} {b.dtype} transpose_b={transpose_b}")
     if a.ndim != 3 or b.ndim != 3:
         raise ValueError(f"tcgemm: operands must have rank 3 (batch, rows, cols); got {desc}")
-    if a.dtype != b.dtype or np.dtype(a.dtype) not in IN_DTYPES:
-        raise TypeError(f"tcgemm: operands must both be float16 or both bfloat16; got {desc}")
+    if a.dtype != b.dtype or np.dtype(a.dtype) not in OPERAND_DTYPES:
+        raise TypeError(f"tcgemm: operands must both be float16, both bfloat16 or both float32; "
+                        f"got {desc}")
     if np.dtype(out_dtype) not in OUT_DTYPES:
         raise TypeError(f"tcgemm: out_dtype must be float16, bfloat16 or float32; got {out_dtype}")
     bt, m, n, ka, kb = dims(a.shape, b.shape, transpose_a, transpose_b)
@@ -128,21 +130,25 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
     del plan, overwrite_c
     a, b, c, bias, scale = split_operands(args, has_c, has_bias, has_scale)
     bt = b.shape[0] if a.shape[0] == 1 else a.shape[0]
-    a = jnp.broadcast_to(a, (bt,) + a.shape[1:])
-    b = jnp.broadcast_to(b, (bt,) + b.shape[1:])
-    dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
     # float32 operands: half-precision products are exact in float32, and XLA:CPU has no
     # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
-    # `precision` changes float32 math only (on GPU DEFAULT / HIGH: one TF32 pass, HIGHEST:
-    # float32; a preset: its algorithm): a float16 / bfloat16 product is exact in float32 at any
-    # precision, which the kernels' float32 accumulation is, so those are computed at HIGHEST
-    # whatever the param says (the numerics contract of the kernels). Float32 operands (not
-    # admitted by _abstract_eval yet: the float32 kernels of a later step, which honour the
-    # param) take the precision, as lax does.
+    # `precision` changes float32 math only: a float16 / bfloat16 product is exact in float32
+    # at any precision, which the kernels' float32 accumulation is, so those are computed at
+    # HIGHEST whatever the param says (the numerics contract of the kernels). Float32 operands
+    # take the precision as lax does (on GPU DEFAULT / HIGH: one TF32 pass, HIGHEST: float32, a
+    # preset: its algorithm; on CPU float32, and lax's error for a preset it does not run).
     half = np.dtype(a.dtype) in IN_DTYPES
-    acc = _lax_dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn,
-                           precision=lax.Precision.HIGHEST if half else precision,
-                           preferred_element_type=jnp.float32)
+    prec = lax.Precision.HIGHEST if half else precision
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    if bt == 1:  # lax.dot_general's own 2-D product (a float32 call matches lax bit for bit)
+        dn = (((0 if transpose_a else 1,), (1 if transpose_b else 0,)), ((), ()))
+        acc = _lax_dot_general(a[0], b[0], dn, precision=prec,
+                               preferred_element_type=jnp.float32)[None]
+    else:
+        a = jnp.broadcast_to(a, (bt,) + a.shape[1:])
+        b = jnp.broadcast_to(b, (bt,) + b.shape[1:])
+        dn = (((1 if transpose_a else 2,), (2 if transpose_b else 1,)), ((0,), (0,)))
+        acc = _lax_dot_general(a, b, dn, precision=prec, preferred_element_type=jnp.float32)
     return epilogue.apply(acc, c, bias, scale, alpha=alpha, beta=beta, activation=activation,
                           out_dtype=out_dtype, aux=aux)
 
@@ -150,27 +156,39 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
 # ---------------------------------------------------------------------------------------------
 # CUDA lowering: the FFI custom call, planned here for the local shapes and the device.
 
-def _cuda_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
-                   has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
+def _cuda_lowering(ctx, *args, **params):
+    if np.dtype(ctx.avals_in[0].dtype) == F32:
+        return _f32_lowering(ctx, *args, **params)
+    return _kernel_lowering(ctx, *args, **params)
+
+
+def _kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
+                     has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
+    """The FFI call on operands the kernels read as they are: float16 / bfloat16 in any layout,
+    float32 K-major with K a multiple of 4 (one TF32 pass: _f32_lowering makes the rest so)."""
     from . import configs
-    # precision stays a param: the float16 / bfloat16 kernels' math does not depend on it (their
-    # products are exact in the float32 accumulator) and the FFI handler takes no such attribute.
+    # precision is not an attribute of the call: the float16 / bfloat16 kernels' math does not
+    # depend on it (their products are exact in the float32 accumulator), and float32 operands
+    # arrive here only for one TF32 pass.
     del precision
     _ffi.require()
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
-    if plan is None:
-        config, split_k = configs.plan_for_device(
-            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
-            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
-    else:
+    fused = problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation)
+    tf32 = np.dtype(a_aval.dtype) == F32
+    if plan is not None:
         config, split_k = plan
-    pack = configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
+    elif tf32:
+        config, split_k = configs.plan_f32(m, n, k, bt, epilogue=fused)
+    else:
+        config, split_k = configs.plan_for_device(
+            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b), fused)
+    pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
     # Split-K partials and packed operand copies live in a float32 workspace: an extra result
     # of the call (command buffers allow no scratch allocation inside the handler), dropped.
     ws = jax.core.ShapedArray((configs.workspace_floats(
-        m, n, k, bt, a_aval.shape[0] == 1, b_aval.shape[0] == 1,
-        transpose_a, transpose_b, config, split_k, pack),), np.dtype(np.float32))
+        m, n, k, bt, a_aval.shape[0] == 1, b_aval.shape[0] == 1, transpose_a, transpose_b,
+        config, split_k, pack, np.dtype(a_aval.dtype).itemsize),), np.dtype(np.float32))
     outs = list(ctx.avals_out)
     avals_out = [outs[0], ws] + outs[1:]
     c_aval = ctx.avals_in[2] if has_c else None
@@ -186,6 +204,49 @@ def _cuda_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta,
 
 
 _fallback_lowering = mlir.lower_fun(reference, multiple_results=True)
+
+
+_TF32_PASS = lax.DotAlgorithmPreset.TF32_TF32_F32
+
+
+def _f32_lowering(ctx, *args, **params):
+    """float32 operands on CUDA, by their precision's algorithm (problem.f32_algorithm). On
+    compute capability 9.0 one TF32 pass on K-major operands with K % 4 == 0 is the FFI call;
+    other layouts and K, and the multi-pass algorithms, are one product of the operands' parts
+    side by side along K (f32.concat_operands, XLA ops in front of the call). lax computes the
+    algorithms our kernels lack, and all on other GPUs (XLA's TF32 / presets: one contract)."""
+    from . import configs
+    a_aval, b_aval = ctx.avals_in[:2]
+    ta, tb, plan = params["transpose_a"], params["transpose_b"], params["plan"]
+    k = dims(a_aval.shape, b_aval.shape, ta, tb)[3]
+    algo = problem.f32_algorithm(params["precision"])
+    arch = configs.device_arch()
+    if algo is None or not _ffi.available() or arch is None or tuple(arch[:2]) != (9, 0):
+        return _fallback_lowering(ctx, *args, **params)
+    if plan is not None and algo.startswith("tf32") and not configs.BY_NAME[plan[0]].f32:
+        raise ValueError(f"tcgemm: config {plan[0]} has no float32 (TF32) kernel; rows that "
+                         f"do: {[c.name for c in configs.CONFIGS if c.f32]}")
+    if algo == "tf32" and not ta and tb and k % 4 == 0:
+        return _kernel_lowering(ctx, *args, **params)
+    return mlir.lower_fun(functools.partial(_f32_product, algo=algo, **params),
+                          multiple_results=True)(ctx, *args)
+
+
+def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **params):
+    """tcgemm_p on the parts of float32 a and b (f32.concat_operands) for algorithm `algo`."""
+    if algo.startswith("tf32"):  # K-major, K a multiple of 4 (zeros), then one TF32 pass
+        a = jnp.swapaxes(a, 1, 2) if transpose_a else a
+        b = b if transpose_b else jnp.swapaxes(b, 1, 2)
+        a, b = f32.concat_operands(a, b, algo, 2, 2)
+        pad = -a.shape[2] % 4
+        if pad:
+            a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
+            b = jnp.pad(b, ((0, 0), (0, 0), (0, pad)))
+        return tcgemm_p.bind(a, b, *rest, transpose_a=False, transpose_b=True,
+                             precision=_TF32_PASS, **params)
+    a, b = f32.concat_operands(a, b, algo, 1 if transpose_a else 2, 2 if transpose_b else 1)
+    return tcgemm_p.bind(a, b, *rest, transpose_a=transpose_a, transpose_b=transpose_b,
+                         precision=precision, **params)
 
 
 # ---------------------------------------------------------------------------------------------

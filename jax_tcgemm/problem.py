@@ -18,7 +18,9 @@ import jax.numpy as jnp
 from jax import lax
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
-IN_DTYPES = (F16, BF16)                 # operand types the kernels take
+IN_DTYPES = (F16, BF16)                 # 16-bit operand types (every kernel family)
+OPERAND_DTYPES = IN_DTYPES + (F32,)     # tcgemm_p's operand types: float32 runs by its
+#                                         precision (f32_algorithm)
 OUT_DTYPES = (F16, BF16, F32)           # result types they write
 C_DTYPES = OUT_DTYPES                   # epilogue C types they read
 
@@ -125,3 +127,32 @@ def swap_precision(precision):
     if type(precision) is tuple:
         return precision[1], precision[0]
     return precision
+
+
+# How a float32 x float32 product runs on the tensor cores, by its precision (issue 25):
+#   "tf32"    one TF32 pass (what XLA does on GPU at DEFAULT / HIGH)
+#   "tf32x3"  each operand split into a TF32 part and a TF32 remainder, three products summed in
+#             float32 (a_hi b_hi + a_hi b_lo + a_lo b_hi: float32 accuracy; HIGHEST)
+#   "bf16", "bf16x3", "bf16x6", "bf16x9"  the lax.DotAlgorithmPreset BF16_BF16_F32[_Xn]: each
+#             operand split into 1-3 bfloat16 parts, n products of the bfloat16 kernels
+# None: lax computes it (F32_F32_F32, the 8- and 16-bit presets, a lax.DotAlgorithm: what our
+# kernels do not implement).
+F32_ALGORITHMS = ("tf32", "tf32x3", "bf16", "bf16x3", "bf16x6", "bf16x9")
+_PRESET_ALGORITHMS = {"DEFAULT": "tf32", "TF32_TF32_F32": "tf32", "TF32_TF32_F32_X3": "tf32x3",
+                      "BF16_BF16_F32": "bf16", "BF16_BF16_F32_X3": "bf16x3",
+                      "BF16_BF16_F32_X6": "bf16x6", "BF16_BF16_F32_X9": "bf16x9"}
+_RANK = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
+
+
+def f32_algorithm(precision):
+    """The algorithm (F32_ALGORITHMS, or None: lax) of a float32 product of canonical
+    `precision`: None (no jax_default_matmul_precision), DEFAULT and HIGH run one TF32 pass as
+    XLA does on GPU; HIGHEST (either operand's: the higher of a pair, as XLA takes it) runs
+    3xTF32; a preset runs as named where F32_ALGORITHMS has it."""
+    if precision is None:
+        return "tf32"
+    if isinstance(precision, lax.DotAlgorithmPreset):
+        return _PRESET_ALGORITHMS.get(precision.name)
+    if isinstance(precision, tuple):
+        return "tf32x3" if max(_RANK[p] for p in precision) == 2 else "tf32"
+    return None  # a lax.DotAlgorithm

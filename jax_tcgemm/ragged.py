@@ -447,7 +447,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         raise type(e)(f"jax_tcgemm.ragged_dot_general: {e} ({_describe(lhs, rhs, gs)}, "
                       f"{dn})") from None
     form = _form(lhs, rhs, gs, dn)
-    if form is None or not _kernel_dtype(lhs, rhs) or np.dtype(want.dtype) not in OUT_DTYPES:
+    if form is None or not _kernel_dtype(lhs, rhs, IN_DTYPES) or np.dtype(want.dtype) not in OUT_DTYPES:
         return _lax_ragged_dot_general(lhs, rhs, gs, dn, **lax_kw)
     mode, tb = form
     out_dtype = _check_out_dtype(want.dtype, "preferred_element_type")
@@ -487,7 +487,7 @@ def ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_
     if lhs.ndim != 2 or rhs.ndim != 3 or gs.ndim != 1:
         raise ValueError(f"jax_tcgemm.ragged_gemm: needs lhs (M, K), rhs (G, K, N) or (G, N, K) "
                          f"and group_sizes (G,); got {desc}")
-    if not _kernel_dtype(lhs, rhs):
+    if not _kernel_dtype(lhs, rhs, IN_DTYPES):
         raise TypeError(f"jax_tcgemm.ragged_gemm: lhs and rhs must both be float16 or both "
                         f"bfloat16; got {desc}")
     if not jnp.issubdtype(gs.dtype, jnp.integer):

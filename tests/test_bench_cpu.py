@@ -390,15 +390,19 @@ def test_lowp_sides_and_reference(kind, layout):
 
 
 def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
-    """--suite lowp and --suite ragged --force on tiny rows (bench.run_suite, the driver both
+    """--suite lowp, f32 and ragged --force on tiny rows (bench.run_suite, the driver they
     share): every row timed on both sides, its record written, the summary line printed."""
-    from jax_tcgemm import bench_lowp, bench_ragged
+    from jax_tcgemm import bench_f32, bench_lowp, bench_ragged
+    monkeypatch.setattr(bench_f32, "cases", lambda: [
+        bench_f32.F32Case("f32_t_highest", 40, 56, 300, "highest", "NN"),
+        bench_f32.F32Case("f32_t_bf16x6", 33, 20, 70, "BF16_BF16_F32_X6", "NT")])
     monkeypatch.setattr(bench_lowp, "cases", lambda: [
         bench_lowp.LowpCase("lowp_t_int8", 32, 48, 256, "int8", "NN"),
         bench_lowp.LowpCase("lowp_t_block", 32, 130, 260, "fp8_block", "NT")])
     monkeypatch.setattr(bench_ragged, "ROWS", (("ragged_t", 2, 64, 32, 48, "equal", "dot"),))
     monkeypatch.setattr(timing, "TARGET_FLOP", 1e6)
     for suite, names, line in (("lowp", ["lowp_t_int8", "lowp_t_block"], "geomean tcgemm / jnp"),
+                               ("f32", ["f32_t_highest", "f32_t_bf16x6"], "geomean tcgemm / jnp"),
                                ("ragged", ["ragged_t"], "geomean tcgemm / lax.ragged_dot")):
         out = tmp_path / f"{suite}.json"
         rc = bench.main(["--force", "--suite", suite, "--reps", "7", "--json", str(out)])

@@ -344,3 +344,21 @@ def test_example_train_mlp(monkeypatch, capsys):
     np.testing.assert_allclose(ours, stock, rtol=ex.RTOL)
     assert np.mean(ours[-5:]) < 0.5 * np.mean(ours[:5])
     assert "median step time" in printed
+
+
+def test_example_train_f32(monkeypatch, capsys):
+    """examples/train_f32.py: both float32 models train alike at HIGHEST, every product of
+    ours is tcgemm (forward, weight and input gradients) and carries HIGHEST."""
+    ex = load_example("train_f32", monkeypatch)
+    with jax.default_device(jax.devices("cpu")[0]):
+        rc = ex.main(["--steps", "30", "--batch", "64", "--width", "64", "--depth", "2",
+                      "--lr", "1e-2"])
+        printed = capsys.readouterr().out
+        assert rc == 0 and printed.strip().endswith("OK"), printed
+        assert "tcgemm 8, dot_general 0" in printed
+        mlp, x = ex.MLP(64, 2, ours=True), jnp.ones((4, 64), jnp.float32)
+        p = mlp.init(jax.random.PRNGKey(0), x)
+        jx = jax.make_jaxpr(jax.grad(lambda p: mlp.apply(p, x).sum()))(p)
+        eqs = [e for e in jx.jaxpr.eqns if e.primitive.name == "tcgemm"]
+        hi = jax.lax.Precision.HIGHEST
+        assert eqs and all(e.params["precision"] == (hi, hi) for e in eqs)

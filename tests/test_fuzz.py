@@ -147,9 +147,11 @@ class Case:
     def call(self, a, b, c=None, bias=None, scale=None):
         """The case's outputs: [d] or [d, pre]."""
         kw = {} if self.traced else dict(alpha=self.alpha, beta=self.beta)
+        # float32 operands at HIGHEST (3xTF32): float32 accuracy, within the same bounds
+        prec = "highest" if self.dtype == F32 else None
         out = tcgemm(a, b, c, bias, scale, transpose_a=self.ta, transpose_b=self.tb,
                      out_dtype=self.out_dtype, activation=self.activation, aux=self.aux,
-                     config=self.config, split_k=self.split_k, **kw)
+                     config=self.config, split_k=self.split_k, precision=prec, **kw)
         return list(out) if self.aux else [out]
 
     def __str__(self):
@@ -209,9 +211,13 @@ def _shape(r: random.Random, mode: Mode):
 
 
 def combos(shuffle_seed) -> list:
-    """Every (config or None = planned, layout, dtype, out dtype), shuffled once."""
+    """Every (config or None = planned, layout, dtype, out dtype), shuffled once: float16 and
+    bfloat16 operands on every config, float32 ones (3xTF32: Case.call) on the configs with
+    TF32 kernels."""
     out = list(itertools.product([c.name for c in configs.CONFIGS] + [None], LAYOUTS,
                                  (F16, BF16), (F16, BF16, F32)))
+    out += itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], LAYOUTS,
+                             (F32,), (F16, BF16, F32))
     random.Random(shuffle_seed).shuffle(out)
     return out
 
@@ -465,12 +471,15 @@ needs_table = pytest.mark.skipif(not configs.CONFIGS, reason="the config table c
 
 @needs_table
 def test_generator_covers_the_space():
-    """The 2000-case GPU run hits every config x layout x dtype x out dtype, both loader paths,
+    """The 2000-case GPU run hits every config x layout x dtype x out dtype (float32 operands:
+    the configs with TF32 kernels), both loader paths,
     shared operands, tile-edge and big sizes, and stays within its caps."""
     cases = generate(2000, GPU_MODE)
     assert {(c.config, c.ta, c.tb, c.dtype, c.out_dtype) for c in cases} == set(
         itertools.product([c.name for c in configs.CONFIGS] + [None], (False, True),
-                          (False, True), (F16, BF16), (F16, BF16, F32)))
+                          (False, True), (F16, BF16), (F16, BF16, F32))) | set(
+        itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], (False, True),
+                          (False, True), (F32,), (F16, BF16, F32)))
     for c in cases:
         assert 1 <= min(c.m, c.n, c.k) and max(c.m, c.n, c.k) <= GPU_MODE.big, c
         assert c.batch * c.m * c.n * c.k <= GPU_MODE.work and c.batch * c.m * c.n <= GPU_MODE.out

@@ -1,10 +1,12 @@
-// 8-bit products of the self-test (tools/kernel_selftest.cu; declared in selftest.cuh): int8 x
-// int8 (to int32, exact; to floats with per-row / per-column scales) and the fp8 pairs (per-
-// tensor scale from the device, per-row / per-column scales, DeepSeek-V3 block scales, bias +
-// activation), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
-// launched through LaunchGemm on every row with 8-bit kernels (HasByteKernels; compute
-// capability 9.0 only), checked against float64 of the quantised values. D is poisoned first;
-// buffers have exactly the problem's size, so compute-sanitizer sees any out-of-bounds access.
+// K-major-only products of the self-test (tools/kernel_selftest.cu; declared in selftest.cuh):
+// int8 x int8 (to int32, exact; to floats with per-row / per-column scales), the fp8 pairs
+// (per-tensor scale from the device, per-row / per-column scales, DeepSeek-V3 block scales,
+// bias + activation) and float32 x float32 read as TF32 (one pass; K splits through the
+// workspace), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
+// launched through LaunchGemm on every row with such kernels (HasByteKernels, HasTf32Kernels;
+// compute capability 9.0 only), checked against float64 of the operands as stored. D is
+// poisoned first; buffers have exactly the problem's size, so compute-sanitizer sees any
+// out-of-bounds access.
 #include <cuda_fp8.h>
 
 #include <cmath>
@@ -24,6 +26,7 @@ struct ByteCase {
   Scale scale;
   bool bias;
   Activation act;
+  int split = 1;  // K slices (float32 operands only)
 };
 
 // An 8-bit element as a double (raw byte of type t).
@@ -32,9 +35,24 @@ double byte_value(DType t, uint8_t raw) {
   if (t == DType::kE4M3) { __nv_fp8_e4m3 x; x.__x = raw; return double(float(x)); }
   __nv_fp8_e5m2 x; x.__x = raw; return double(float(x));
 }
+// Element i of operand type t stored in v, as a double.
+double elem_value(DType t, const std::vector<uint8_t>& v, int64_t i) {
+  if (t != DType::kF32) return byte_value(t, v[i]);
+  float f;
+  std::memcpy(&f, v.data() + 4 * i, 4);
+  return f;
+}
 std::vector<uint8_t> random_bytes(DType t, int64_t count, std::mt19937& rng) {
-  std::vector<uint8_t> v(count);
   std::normal_distribution<float> nd(0.f, 1.f);
+  if (t == DType::kF32) {
+    std::vector<uint8_t> v(4 * count);
+    for (int64_t i = 0; i < count; ++i) {
+      const float f = nd(rng);
+      std::memcpy(v.data() + 4 * i, &f, 4);
+    }
+    return v;
+  }
+  std::vector<uint8_t> v(count);
   std::uniform_int_distribution<int> ud(-16, 15);
   for (auto& b : v) {
     if (t == DType::kS8) b = uint8_t(int8_t(ud(rng)));
@@ -43,7 +61,9 @@ std::vector<uint8_t> random_bytes(DType t, int64_t count, std::mt19937& rng) {
   }
   return v;
 }
-const char* byte_name(DType t) { return t == DType::kS8 ? "s8" : t == DType::kE4M3 ? "e4m3" : "e5m2"; }
+const char* byte_name(DType t) {
+  return t == DType::kF32 ? "f32" : t == DType::kS8 ? "s8" : t == DType::kE4M3 ? "e4m3" : "e5m2";
+}
 
 bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   const int64_t m = c.m, n = c.n, k = c.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
@@ -72,7 +92,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   GemmProblem pr{};
   GemmParams& p = pr.params;
   p.a = a.p, p.b = b.p, p.d = d.p, p.d_type = c.out;
-  p.m = m, p.n = n, p.k = k, p.batch = 1, p.split_k = 1;
+  p.m = m, p.n = n, p.k = k, p.batch = 1, p.split_k = c.split;
   if (!int_out) p.epi.scale = static_cast<const float*>(scale.p);
   if (!hrow.empty()) {
     p.epi.row_scale = static_cast<const float*>(row.p);
@@ -88,7 +108,10 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   pr.b_type = c.tb;
   pr.transpose_b = true;  // B [N][K]: K-major
   pr.config = cfg;
-  const std::string err = LaunchGemm(pr, PlanWorkspace(pr), nullptr);
+  const WorkspacePlan wp = PlanWorkspace(pr);
+  DevBuf ws(wp.total() * 4);
+  pr.workspace = static_cast<float*>(ws.p);
+  const std::string err = LaunchGemm(pr, wp, nullptr);
   if (err.empty()) CK(cudaDeviceSynchronize());
   const std::vector<uint8_t> hd = err.empty() ? d.download() : std::vector<uint8_t>();
 
@@ -100,7 +123,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
     for (int64_t q = 0; q < kb; ++q) {  // per 128-slice of K (the block scales' unit)
       double part = 0;
       for (int64_t kk = 128 * q; kk < std::min(k, 128 * (q + 1)); ++kk)
-        part += byte_value(c.ta, ha[r * k + kk]) * byte_value(c.tb, hb[j * k + kk]);
+        part += elem_value(c.ta, ha, r * k + kk) * elem_value(c.tb, hb, j * k + kk);
       want += c.scale == Scale::kBlock ? part * hsa[q * m + r] * hsb[q * nb + j / 128] : part;
     }
     double got;
@@ -121,16 +144,17 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
     den += want * want;
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double tol = int_out ? 0.0
+  const double tol = int_out                  ? 0.0
+                     : c.ta == DType::kF32       ? 2e-3  // operands read as TF32 (2^-11)
                      : c.out == DType::kF32 && c.ta != DType::kS8 ? 2e-4  // fp8 wgmma sums
                                                                   : bound(c.out, k);
   const bool ok = err.empty() && finite && exact && rel <= tol;
   static const char* kScale[] = {"none", "tensor", "row/col", "block"};
   if (!ok || verbose())
-    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld scale %s%s: rel %.2e (tol %.0e)%s%s\n",
+    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld split %d scale %s%s: rel %.2e (tol %.0e)%s%s\n",
                 ok ? "ok  " : "FAIL", ConfigName(kConfigs[cfg]).c_str(), byte_name(c.ta),
                 byte_name(c.tb), int_out ? "s32" : dtype_name(c.out), long(m), long(n), long(k),
-                kScale[int(c.scale)], c.bias ? " bias" : "", rel, tol,
+                c.split, kScale[int(c.scale)], c.bias ? " bias" : "", rel, tol,
                 finite ? "" : " [not finite: an element never written]", err.c_str());
   return t.add(ok);
 }
@@ -141,7 +165,7 @@ void byte_cases(bool quick, int cc, Tally& t) {
   if (cc != 90) return;  // the 8-bit kernels are sm_90a only
   std::mt19937 rng(8642);
   const int before = t.failed, total = t.passed + t.failed;
-  const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8;
+  const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8, F32 = DType::kF32;
   const Activation kNo = Activation::kNone;
   std::vector<ByteCase> cases = {
       {S8, S8, DType::kS32, 200, 136, 528, Scale::kNone, false, kNo},
@@ -150,6 +174,9 @@ void byte_cases(bool quick, int cc, Tally& t) {
       {E4, E5, DType::kF32, 129, 300, 144, Scale::kRowCol, true, Activation::kGeluTanh},
       {E5, E4, DType::kF16, 70, 260, 272, Scale::kBlock, false, kNo},
       {E4, E4, DType::kF32, 1, 1, 16, Scale::kBlock, true, Activation::kSilu},
+      {F32, F32, DType::kF32, 200, 136, 528, Scale::kTensor, false, kNo},
+      {F32, F32, DType::kBF16, 129, 300, 1060, Scale::kNone, true, Activation::kGeluTanh, 2},
+      {F32, F32, DType::kF16, 1, 1, 4, Scale::kNone, false, kNo},
   };
   if (!quick) {
     cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});
@@ -157,7 +184,8 @@ void byte_cases(bool quick, int cc, Tally& t) {
   }
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
     for (const ByteCase& c : cases)
-      if (HasByteKernels(cfg, c.ta != S8) && selected(cfg)) run_case(c, cfg, rng, t);
+      if ((c.ta == F32 ? HasTf32Kernels(cfg) : HasByteKernels(cfg, c.ta != S8)) && selected(cfg))
+        run_case(c, cfg, rng, t);
   std::printf("byte: %d of %d cases failed\n", t.failed - before, t.passed + t.failed - total);
 }
 

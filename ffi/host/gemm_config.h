@@ -93,11 +93,19 @@ constexpr bool HasByteKernels(int cfg, bool fp8) {
   return c.kind == Kind::kSm90 && !c.pingpong && (!fp8 || c.bm == 64 * c.consumers);
 }
 
+// Whether sm90 config cfg has kernels for float32 operands (TF32 wgmma, K-major A and B;
+// kernels/sm90/kernels_sm90_tf32.cu): the cooperative rows whose consumers own one m64 block
+// each (128x256, 128x128, 64x128), as for fp8. The planner picks among these (configs.plan_f32).
+constexpr bool HasTf32Kernels(int cfg) {
+  const GemmConfig& c = kConfigs[cfg];
+  return c.kind == Kind::kSm90 && !c.pingpong && c.bm == 64 * c.consumers;
+}
+
 // Elements of one k tile of config cfg for operands of `bytes` bytes: BK counts 16-bit
-// elements; an sm90 k tile is one 128-byte swizzle row, so 8-bit operands take twice BK.
+// elements; an sm90 k tile is one 128-byte swizzle row, so 8-bit operands take twice BK and
+// float32 ones half.
 constexpr int KTileElems(int cfg, int bytes) {
-  return kConfigs[cfg].kind == Kind::kSm90 && bytes == 1 ? 2 * kConfigs[cfg].bk
-                                                         : kConfigs[cfg].bk;
+  return kConfigs[cfg].kind == Kind::kSm90 ? kConfigs[cfg].bk * 2 / bytes : kConfigs[cfg].bk;
 }
 
 // Names of all configs, in table order; built once.

@@ -165,11 +165,23 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return "8-bit operands need 16-byte aligned rows (K a multiple of 16) and bases";
     if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
       return "an int32 result is the product of int8 operands";
-  } else if (p.d_type == DType::kS32) {
-    return "an int32 result is the product of int8 operands";
-  } else if (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb) {
-    return "row, column and block scales go with 8-bit operands";
+  } else if (pr.in_type == DType::kF32) {
+    // float32 operands (TF32): the sm90 kernels only, K-major A and B whose rows TMA can
+    // address (K a multiple of 4), no grouping or packing; K splits as for 16-bit operands.
+    // The Python layer routes every other case through lax (or makes the operands so).
+    if (pr.b_type != DType::kF32) return "float32 A needs a float32 B";
+    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
+      return "float32 operands run on the sm90 kernels on compute capability 9.0 only (this "
+             "GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
+    if (!a_kmajor || !b_kmajor) return "float32 operands are read K-major: A [M][K], B [N][K]";
+    if (ragged || pr.pack) return "float32 operands run without grouping or packing";
+    if (p.k % 4 != 0 || p.stride_a % 4 != 0 || p.stride_b % 4 != 0 || !Aligned(p.a) ||
+        !Aligned(p.b))
+      return "float32 operands need 16-byte aligned rows (K a multiple of 4) and bases";
   }
+  if (p.d_type == DType::kS32 && !byte) return "an int32 result is the product of int8 operands";
+  if (!byte && (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb))
+    return "row, column and block scales go with 8-bit operands";
   if (ragged) {
     // Grouped products run on the rows with grouped kernels (HasRaggedKernels): sm90 rows on
     // compute capability 9.0 (the persistent scheduler), sm80 rows on any GPU (one block per
@@ -186,10 +198,11 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
       return "ragged rows read K-major A";
   }
-  if (!byte && kConfigs[config].kind == Kind::kSm90 &&
+  const bool kmajor_only = KMajorOnly(pr.in_type);  // (checked above: sm90, aligned)
+  if (!kmajor_only && kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
-  if (!byte && !aligned) config = ElementLoadsRow(config);  // (an sm90 row is aligned or fell back)
+  if (!kmajor_only && !aligned) config = ElementLoadsRow(config);  // (sm90: aligned or fell back)
   const GemmConfig& cfg = kConfigs[config];
 
   const int64_t tiles_m = (p.m + cfg.bm - 1) / cfg.bm, tiles_n = (p.n + cfg.bn - 1) / cfg.bn;
@@ -207,7 +220,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // Slices through the workspace store raw partials; the reduction runs the epilogue.
   p.partial = split > 1 && !p.cluster_reduce ? pr.workspace : nullptr;
   if (cfg.kind == Kind::kSm90) {
-    if (std::string err = LaunchSm90(p, config, pr.in_type, byte ? pr.b_type : pr.in_type,
+    if (std::string err = LaunchSm90(p, config, pr.in_type, kmajor_only ? pr.b_type : pr.in_type,
                                      a_kmajor, b_kmajor, device, dev.sms, stream);
         !err.empty())
       return err;

@@ -10,8 +10,10 @@ namespace tcgemm {
 // kernels/common/element.cuh, which maps each to its CUDA type and traits). Operands: kF16 or
 // kBF16 (every kernel family), or the 8-bit types (sm90 only, K-major A and B: wgmma reads
 // 8-bit operands K-major only): kE4M3 / kE5M2 (float8_e4m3fn / float8_e5m2, float32
-// accumulation) and kS8 (int8, exact int32 accumulation). Results: kF16, kBF16, kF32, or kS32
-// (the exact product of int8 operands).
+// accumulation) and kS8 (int8, exact int32 accumulation), or kF32 (sm90 only, K-major A and B:
+// TF32 wgmma, float32 accumulation; the tensor cores read a float32's sign, exponent and 10
+// high mantissa bits). Results: kF16, kBF16, kF32, or kS32 (the exact product of int8
+// operands).
 enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kE4M3 = 3, kE5M2 = 4, kS8 = 5, kS32 = 6 };
 using InType = DType;
 inline constexpr int kNumDTypes = 7;
@@ -21,6 +23,9 @@ inline constexpr int DTypeBytes(DType t) {
 inline constexpr bool IsByteOperand(DType t) {
   return t == DType::kE4M3 || t == DType::kE5M2 || t == DType::kS8;
 }
+// Operand types wgmma reads K-major only, on the sm90 kernels only: the 8-bit types and
+// float32 (TF32).
+inline constexpr bool KMajorOnly(DType t) { return IsByteOperand(t) || t == DType::kF32; }
 
 // Most K slices of a split-K product (grid y); the FFI rejects more.
 inline constexpr int kMaxSplitK = 64;

@@ -122,15 +122,20 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
-// The 8-bit forms read K-major A and B only (no transpose immediates), k32 per instruction.
+// The 8-bit and TF32 forms read K-major A and B only (no transpose immediates); one
+// instruction covers 32 bytes of K (k32 of 8-bit, k8 of tf32 elements).
 // fp8 (TA, TB each "e4m3" or "e5m2"): m64n128k32.f32: D (+)= A * B, the imm-scale-a / -b sign
 // immediates at +1. Hopper keeps fewer than float32's bits in this accumulation: the kernel
 // starts each k tile's sum at 0 (scale_d = 0 on its first instruction) and adds it into float32
-// registers itself. int8: m64n{128,256}k32.s32.s8.s8, exact int32 accumulation.
-#define TCGEMM_WGMMA_K32(N, TYS, REGS, A, B, S, TAIL)                                    \
-  "{\n .reg .pred p;\n setp.ne.b32 p, " S ", 0;\n"                                    \
-  " wgmma.mma_async.sync.aligned.m64n" N "k32." TYS " {" REGS "}, " A ", " B ", p" TAIL \
+// registers itself. int8: m64n{128,256}k32.s32.s8.s8, exact int32 accumulation. tf32:
+// m64n{128,256}k8.f32.tf32.tf32 on float32 operands in shared memory (the tensor cores use
+// each one's sign, exponent and 10 high mantissa bits), float32 accumulation.
+#define TCGEMM_WGMMA_KMAJOR(N, K, TYS, REGS, A, B, S, TAIL)                                   \
+  "{\n .reg .pred p;\n setp.ne.b32 p, " S ", 0;\n"                                         \
+  " wgmma.mma_async.sync.aligned.m64n" N "k" K "." TYS " {" REGS "}, " A ", " B ", p" TAIL \
   ";\n}\n"
+#define TCGEMM_WGMMA_K32(N, TYS, REGS, A, B, S, TAIL) \
+  TCGEMM_WGMMA_KMAJOR(N, "32", TYS, REGS, A, B, S, TAIL)
 
 template <bool A_E5M2, bool B_E5M2>
 __device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], uint64_t desc_a,
@@ -167,7 +172,29 @@ __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t desc
 #endif
 }
 
+__device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[64], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+#if TCGEMM_SM90A
+  asm volatile(TCGEMM_WGMMA_KMAJOR("128", "8", "f32.tf32.tf32", TCGEMM_D_REGS_LO, "%64", "%65",
+                                   "%66", ", 1, 1")
+               : TCGEMM_D_OUT64(d, 0)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n256k8_tf32(float (&d)[128], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+#if TCGEMM_SM90A
+  asm volatile(TCGEMM_WGMMA_KMAJOR("256", "8", "f32.tf32.tf32",
+                                   TCGEMM_D_REGS_LO ", " TCGEMM_D_REGS_HI, "%128", "%129", "%130",
+                                   ", 1, 1")
+               : TCGEMM_D_OUT64(d, 0), TCGEMM_D_OUT64(d, 64)
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
 #undef TCGEMM_WGMMA_K32
+#undef TCGEMM_WGMMA_KMAJOR
 #undef TCGEMM_D_OUTI64
 #undef TCGEMM_WGMMA
 #undef TCGEMM_D_OUT64

@@ -142,10 +142,12 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const bool byte = ta && tb && IsByteOperand(*ta) && IsByteOperand(*tb) &&
                     (*ta == DType::kS8) == (*tb == DType::kS8) &&
                     !(*ta == DType::kE5M2 && *tb == DType::kE5M2);
-  if (!wide && !byte)
-    return Invalid(std::string("operands must be float16 x float16, bfloat16 x bfloat16, int8 x "
-                               "int8 or float8 (e4m3fn x e4m3fn, e4m3fn x e5m2, e5m2 x e4m3fn); "
-                               "got ") + DtypeName(at) + " and " + DtypeName(bt));
+  const bool tf32 = at == ffi::DataType::F32 && bt == ffi::DataType::F32;  // read as TF32
+  if (!wide && !byte && !tf32)
+    return Invalid(std::string("operands must be float16 x float16, bfloat16 x bfloat16, "
+                               "float32 x float32, int8 x int8 or float8 (e4m3fn x e4m3fn, "
+                               "e4m3fn x e5m2, e5m2 x e4m3fn); got ") +
+                   DtypeName(at) + " and " + DtypeName(bt));
   const std::optional<DType> d_type = ToAnyDType(ct);
   if (!d_type || (*d_type == DType::kS32 ? *ta != DType::kS8 : !ToDType(ct)))
     return Invalid(std::string("result must be float16, bfloat16 or float32 (or int32 for int8 "
@@ -154,6 +156,9 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (byte && (transpose_a || !transpose_b))
     return Invalid("8-bit operands are read K-major: a (B, M, K) with transpose_a=0 and b "
                    "(B, N, K) with transpose_b=1: " + shapes());
+  if (tf32 && (transpose_a || !transpose_b || pack))
+    return Invalid("float32 operands are read K-major: a (B, M, K) with transpose_a=0 and b "
+                   "(B, N, K) with transpose_b=1, pack=0: " + shapes());
   if (byte && (split_k != 1 || pack))
     return Invalid("8-bit operands run with split_k=1 and pack=0: " + shapes());
   if (has_block_scale && !(byte && *ta != DType::kS8))

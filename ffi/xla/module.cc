@@ -39,8 +39,12 @@ int ConfigIndex(const std::string& name) {
 
 tcgemm::GemmProblem Problem(int64_t m, int64_t n, int64_t k, int64_t batch, bool a_shared,
                             bool b_shared, bool transpose_a, bool transpose_b,
-                            const std::string& config, int split_k, bool pack) {
+                            const std::string& config, int split_k, bool pack, int operand_bytes) {
   tcgemm::GemmProblem pr{};
+  // (the operand type matters to these rules only through its size: the k tile of sm90 rows)
+  pr.in_type = operand_bytes == 4 ? tcgemm::DType::kF32
+               : operand_bytes == 1 ? tcgemm::DType::kS8 : tcgemm::DType::kF16;
+  pr.b_type = pr.in_type;
   pr.params.m = m;
   pr.params.n = n;
   pr.params.k = k;
@@ -90,12 +94,13 @@ NB_MODULE(_tcgemm, m) {
       r["ragged"] = tcgemm::HasRaggedKernels(i);
       r["int8"] = tcgemm::HasByteKernels(i, false);
       r["fp8"] = tcgemm::HasByteKernels(i, true);
+      r["f32"] = tcgemm::HasTf32Kernels(i);
       rows.append(r);
     }
     return rows;
   }, "The config table (ffi/host/gemm_config.inc) with each row's derived name, threads, "
      "shared memory (sm80 rows), sm80 fallback, element-wise loads, grouped (ragged) "
-     "kernels and 8-bit (int8, fp8) kernels, in table order.");
+     "kernels, 8-bit (int8, fp8) kernels and float32 (TF32) kernels, in table order.");
   m.def("max_split_k", []() { return tcgemm::kMaxSplitK; },
         "Most K slices of a split-K product that the handler accepts.");
   m.def("max_cluster_split", []() { return tcgemm::kMaxClusterSplit; },
@@ -107,21 +112,24 @@ NB_MODULE(_tcgemm, m) {
   m.def("packed_ld", [](int64_t cols) { return tcgemm::PackedLd(cols); },
         "Row length of the packed copy of rows of `cols` elements.");
   m.def("effective_split",
-        [](const std::string& config, int64_t k, int split_k) {
-          tcgemm::GemmProblem pr{};
-          pr.config = ConfigIndex(config);
-          pr.params.k = k;
-          pr.params.split_k = split_k;
-          return tcgemm::EffectiveSplitK(pr);
+        [](const std::string& config, int64_t k, int split_k, int operand_bytes) {
+          return tcgemm::EffectiveSplitK(
+              Problem(1, 1, k, 1, true, true, false, false, config, split_k, false, operand_bytes));
         },
-        "K slices that run for `split_k` requested ones (no slice left empty).");
+        nb::arg("config"), nb::arg("k"), nb::arg("split_k"), nb::arg("operand_bytes") = 2,
+        "K slices that run for `split_k` requested ones (no slice left empty) of operands of "
+        "`operand_bytes` bytes.");
   m.def("workspace_floats",
         [](int64_t m, int64_t n, int64_t k, int64_t batch, bool a_shared, bool b_shared,
            bool transpose_a, bool transpose_b, const std::string& config, int split_k,
-           bool pack) {
+           bool pack, int operand_bytes) {
           return tcgemm::PlanWorkspace(Problem(m, n, k, batch, a_shared, b_shared, transpose_a,
-                                               transpose_b, config, split_k, pack))
+                                               transpose_b, config, split_k, pack, operand_bytes))
               .total();
         },
-        "Floats of workspace the handler needs (split-K partials, packed operand copies).");
+        nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"), nb::arg("a_shared"),
+        nb::arg("b_shared"), nb::arg("transpose_a"), nb::arg("transpose_b"), nb::arg("config"),
+        nb::arg("split_k"), nb::arg("pack"), nb::arg("operand_bytes") = 2,
+        "Floats of workspace the handler needs (split-K partials, packed operand copies) for "
+        "operands of `operand_bytes` bytes.");
 }

@@ -17,7 +17,8 @@
 //                  of 64 k rows, one box per 64 of M or N
 //
 // Operand types (Sm90Operands): float16 / bfloat16 in any layout (k tiles of 64, wgmma k16, float32
-// sums), or 8-bit operands read K-major (wgmma's only form for them; k tiles of 128, wgmma k32):
+// sums), float32 read K-major as TF32 (k tiles of 32, wgmma k8, float32 sums), or 8-bit
+// operands read K-major (wgmma's only form for them; k tiles of 128, wgmma k32):
 // int8 (int32 sums, exact; stored as int32 or, through the epilogue, as floats) and fp8 e4m3 /
 // e5m2, whose k tile sums start at 0 in registers of their own and are added into the float32
 // sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32).
@@ -100,21 +101,25 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
 
 // The operand types of an sm90 kernel: A's and B's elements (the same but for the mixed fp8
 // pairs), the accumulator type, and the wgmma of one 32-byte k step of a 64 x BN block (k16 of
-// 16-bit operands, k32 of 8-bit ones). kPromote: a k tile's products are summed apart (from 0)
-// and then added into the float32 accumulators (fp8).
+// 16-bit operands, k32 of 8-bit ones, k8 of float32 ones read as TF32). kPromote: a k tile's
+// products are summed apart (from 0) and then added into the float32 accumulators (fp8, whose
+// wgmma sums keep fewer bits than float32; TF32, whose wgmma float32 sums are truncated: chained
+// over all of K their error grows linearly with K, 1.6e-4 at K = 65536 for 3xTF32 against
+// 1.1e-6 for float32 FMA; summed per k tile and added with round-to-nearest FADDs it does not
+// grow: benchmarks/NOTES.md v35).
 template <typename TA, typename TB = TA>
 struct Sm90Operands {
   using A = TA;
   using B = TB;
   static constexpr int kBytes = ElemTraits<TA>::kBytes;
   static constexpr bool kInt = std::is_same_v<TA, int8_t>;
-  static constexpr bool kPromote = kBytes == 1 && !kInt;
+  static constexpr bool kPromote = (kBytes == 1 && !kInt) || kBytes == 4;
   using Acc = std::conditional_t<kInt, int, float>;
   static constexpr int kKTile = 128 / kBytes;  // elements of a k tile: one 128-byte row
-  static_assert(ElemTraits<TB>::kBytes == kBytes && (kBytes == 2 || kBytes == 1),
-                "A and B: both 16-bit or both 8-bit");
-  static_assert(kBytes == 2 ? std::is_same_v<TA, TB> : kInt == std::is_same_v<TB, int8_t>,
-                "16-bit operands of one type; int8 with int8; fp8 with fp8");
+  static_assert(ElemTraits<TB>::kBytes == kBytes && (kBytes == 4 || kBytes == 2 || kBytes == 1),
+                "A and B: both float32, both 16-bit or both 8-bit");
+  static_assert(kBytes != 1 ? std::is_same_v<TA, TB> : kInt == std::is_same_v<TB, int8_t>,
+                "float32 or 16-bit operands of one type; int8 with int8; fp8 with fp8");
 
   template <int BN, bool A_KMAJOR, bool B_KMAJOR>
   __device__ __forceinline__ static void mma(Acc (&d)[BN / 2], uint64_t da, uint64_t db,
@@ -124,6 +129,10 @@ struct Sm90Operands {
       constexpr bool bf16 = std::is_same_v<TA, __nv_bfloat16>;
       if constexpr (BN == 256) ptx::wgmma_m64n256k16<ta, tb, bf16>(d, da, db, scale_d);
       else ptx::wgmma_m64n128k16<ta, tb, bf16>(d, da, db, scale_d);
+    } else if constexpr (kBytes == 4) {
+      static_assert(A_KMAJOR && B_KMAJOR, "wgmma reads TF32 operands K-major only");
+      if constexpr (BN == 256) ptx::wgmma_m64n256k8_tf32(d, da, db, scale_d);
+      else ptx::wgmma_m64n128k8_tf32(d, da, db, scale_d);
     } else {
       static_assert(A_KMAJOR && B_KMAJOR, "wgmma reads 8-bit operands K-major only");
       if constexpr (kInt) {
@@ -230,11 +239,12 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #if TCGEMM_SM90A
   using Tr = Sm90Traits<CFG>;
   using Acc = typename Ops::Acc;
-  constexpr int kKTile = Ops::kKTile;  // elements of a k tile (64 16-bit, 128 8-bit)
-  static_assert(Ops::kBytes == 2 || (A_KMAJOR && B_KMAJOR), "8-bit operands are read K-major");
-  static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && kKTile == 128),
+  constexpr int kKTile = Ops::kKTile;  // elements of a k tile (64 16-bit, 128 8-bit, 32 tf32)
+  static_assert(Ops::kBytes == 2 || (A_KMAJOR && B_KMAJOR),
+                "8-bit and float32 operands are read K-major");
+  static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && (kKTile == 128 || Ops::kBytes == 4)),
                 "fp8: a k tile is one 128-slice of K, pieces of 128 columns (the block scales' "
-                "blocks)");
+                "blocks); TF32: pieces of 128 columns");
   extern __shared__ __align__(1024) char smem_raw[];
   __shared__ __align__(8) uint64_t full[Tr::kStages], empty[Tr::kStages];
   const uint32_t smem = (ptx::cvta_to_shared(smem_raw) + 1023u) & ~1023u;
@@ -374,9 +384,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         }
       }
       if constexpr (Ops::kPromote) {
-        // fp8: the k tile in pieces of one m64 block x 128 columns, each summed from 0 into
-        // `part` (4 wgmma k32), then, once complete, times its block scales (DeepSeek-V3; 1
-        // without) added to the float32 sums. The scales of the next k tile are loaded during
+        // fp8 and TF32: the k tile in pieces of one m64 block x 128 columns, each summed from 0
+        // into `part` (4 wgmma of 32 bytes of K), then, once complete, times its block scales
+        // (fp8, DeepSeek-V3; 1 without) added to the float32 sums. The scales of the next k tile are loaded during
         // this one's first piece (a global load's latency exceeds a piece's tensor-core time).
         float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
 #pragma unroll
@@ -417,7 +427,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         ptx::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          // A k step (k16 of 16-bit, k32 of 8-bit operands) is 32 bytes along a K-major row,
+          // A k step (k16 of 16-bit, k32 of 8-bit, k8 of tf32) is 32 bytes along a K-major row,
           // 16 rows of 128 bytes down an M/N-major box. m64 block b of A is box b (M-major) or
           // rows 64 b.. (K-major): kBox * b bytes in.
           const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)

@@ -1,5 +1,6 @@
 // Hopper kernels (every sm90 config x layout x 16-bit input type) and the launch of any sm90
-// kernel (these and the 8-bit ones of kernels_sm90_byte.cu): TMA tensor maps built on the host,
+// kernel (these, the 8-bit ones of kernels_sm90_byte.cu and the float32 ones of
+// kernels_sm90_tf32.cu): TMA tensor maps built on the host,
 // one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt); the dispatcher calls
 // LaunchSm90 only on compute capability 9.0.
 #include <cuda.h>
@@ -81,20 +82,23 @@ Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>
 }
 
 // Shared-memory limit raised, per device: 16-bit kernels [in_type][config][layout], 8-bit ones
-// [a's type - kE4M3][b's type - kE4M3][config] (K-major only).
+// [a's type - kE4M3][b's type - kE4M3][config], float32 ones [config] (K-major only).
 std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
 std::atomic<uint64_t> g_byte_configured[3][3][kNumConfigs];
+std::atomic<uint64_t> g_tf32_configured[kNumConfigs];
 
 }  // namespace
 
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b_type,
                        bool a_kmajor, bool b_kmajor, int device, int sms, cudaStream_t stream) {
   const int layout = int(a_kmajor) * 2 + int(b_kmajor);
-  const bool byte = IsByteOperand(in_type);
-  if (!byte && in_type != DType::kF16 && in_type != DType::kBF16)
-    return "sm90 operands are 16-bit or 8-bit";
+  const bool byte = IsByteOperand(in_type), tf32 = in_type == DType::kF32;
+  if (!byte && !tf32 && in_type != DType::kF16 && in_type != DType::kBF16)
+    return "sm90 operands are 16-bit, 8-bit or float32";
   if (byte && !(IsByteOperand(b_type) && a_kmajor && b_kmajor))
     return "8-bit operands run K-major (A as [M][K], B as [N][K]) and both 8-bit";
+  if (tf32 && !(b_type == DType::kF32 && a_kmajor && b_kmajor))
+    return "float32 operands run K-major (A as [M][K], B as [N][K]) and both float32";
   if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
   const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
@@ -105,6 +109,9 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
   if (byte) {
     k = Sm90ByteEntry(config, in_type, b_type);
     if (!k.fn) return "config " + ConfigNames()[config] + " has no kernel for 8-bit operands";
+  } else if (tf32) {
+    k = Sm90Tf32Entry(config);
+    if (!k.fn) return "config " + ConfigNames()[config] + " has no kernel for float32 operands";
   } else {
     with_dtype(in_type, [&](auto elem) {  // the one dispatch on the 16-bit operand type
       using T = decltype(elem);
@@ -124,9 +131,10 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
                         b_kmajor ? k.bn : 64);
   if (!err.empty()) return err;
 
-  auto& raised = byte ? g_byte_configured[int(in_type) - int(DType::kE4M3)]
-                                         [int(b_type) - int(DType::kE4M3)][config]
-                      : g_configured[int(in_type)][config][layout];
+  auto& raised = byte   ? g_byte_configured[int(in_type) - int(DType::kE4M3)]
+                                           [int(b_type) - int(DType::kE4M3)][config]
+                 : tf32 ? g_tf32_configured[config]
+                        : g_configured[int(in_type)][config][layout];
   if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));

@@ -1,7 +1,8 @@
 // An sm90 kernel as the launch sees it (kernels_sm90.cu, LaunchSm90): its function, block size,
-// dynamic shared memory and tile, made from a kernel instance by MakeSm90. The 8-bit operand
-// kernels live in their own translation unit (kernels_sm90_byte.cu, compiled in parallel) and
-// reach the launch through Sm90ByteEntry.
+// dynamic shared memory and tile, made from a kernel instance by MakeSm90. The 8-bit and the
+// float32 (TF32) operand kernels live in translation units of their own (kernels_sm90_byte.cu,
+// kernels_sm90_tf32.cu, compiled in parallel) and reach the launch through Sm90ByteEntry and
+// Sm90Tf32Entry.
 #pragma once
 #include "host/gemm_params.h"
 #include "kernels/sm90/gemm_sm90.cuh"
@@ -24,5 +25,9 @@ Sm90Entry MakeSm90() {
 // entry without fn where there is none (HasByteKernels, or a pair that is not an fp8 or int8
 // form).
 Sm90Entry Sm90ByteEntry(int config, DType a, DType b);
+
+// The kernel of sm90 config `config` for float32 operands read as TF32 (K-major both;
+// kernels_sm90_tf32.cu), or an entry without fn where there is none (HasTf32Kernels).
+Sm90Entry Sm90Tf32Entry(int config);
 
 }  // namespace tcgemm

@@ -1,0 +1,222 @@
+"""float32 products (issue 25) on the CPU: the precision -> algorithm rule, the operand splits
+and the concatenated product each algorithm becomes (checked against float64 with lax's float32
+products standing in for the kernels), the CUDA lowering's choices (the module's text, lowered
+for CUDA on this machine as for an H100), and the primitive's params and transformations.
+Fresh random inputs per case."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tcgemm as tg
+from jax_tcgemm import configs, f32, problem
+from jax_tcgemm.primitive import tcgemm
+from test_cpu import custom_calls, cuda_text, needs_module, prims
+
+P = lax.Precision
+PRESET = lax.DotAlgorithmPreset
+
+
+def rand(seed, shape, scale=1.0):
+    return (scale * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+
+
+def rel_err(got, a, b):
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("precision,algo", [
+    (None, "tf32"), ("default", "tf32"), ("high", "tf32"), ("highest", "tf32x3"),
+    (P.HIGHEST, "tf32x3"), ((P.DEFAULT, P.HIGHEST), "tf32x3"), ((P.HIGH, P.DEFAULT), "tf32"),
+    ("tensorfloat32", "tf32"), ("float32", "tf32x3"), ("bfloat16_3x", "tf32"),
+    (PRESET.DEFAULT, "tf32"), (PRESET.TF32_TF32_F32, "tf32"),
+    (PRESET.TF32_TF32_F32_X3, "tf32x3"), (PRESET.BF16_BF16_F32, "bf16"),
+    (PRESET.BF16_BF16_F32_X3, "bf16x3"), (PRESET.BF16_BF16_F32_X6, "bf16x6"),
+    (PRESET.BF16_BF16_F32_X9, "bf16x9"), (PRESET.F32_F32_F32, None),
+    (PRESET.F16_F16_F32, None), (PRESET.ANY_F8_ANY_F8_F32, None), (PRESET.F64_F64_F64, None),
+])
+def test_algorithm_of_precision(precision, algo):
+    assert problem.f32_algorithm(problem.canonical_precision(precision)) == algo
+
+
+def test_default_matmul_precision_config_decides():
+    with jax.default_matmul_precision("highest"):
+        assert problem.f32_algorithm(problem.canonical_precision(None)) == "tf32x3"
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert problem.f32_algorithm(problem.canonical_precision(None)) == "tf32"
+
+
+def _bits(x):
+    return np.asarray(x).view(np.uint32)
+
+
+def test_tf32_parts_are_tf32_and_exact():
+    x = jnp.asarray(np.concatenate([rand(1, (4096,)), rand(2, (512,), 1e-30), rand(3, (512,), 1e30)]))
+    hi, lo = f32.parts(x, "tf32x3")
+    assert not (_bits(hi) & 0x1FFF).any() and not (_bits(lo) & 0x1FFF).any()  # 10-bit mantissas
+    xd = np.asarray(x, np.float64)
+    # hi is x rounded to nearest: |x - hi| <= 2^-11 |x|; hi + lo within 2^-22 |x|
+    assert (np.abs(xd - np.asarray(hi, np.float64)) <= 2.0**-11 * np.abs(xd)).all()
+    err = np.abs(xd - np.asarray(hi, np.float64) - np.asarray(lo, np.float64))
+    assert (err <= 2.0**-22 * np.abs(xd) + 1e-45).all()
+
+
+@pytest.mark.parametrize("algo,parts,bound", [("bf16x3", 2, 2.0**-16), ("bf16x6", 3, 2.0**-24),
+                                              ("bf16", 1, 2.0**-8)])
+def test_bf16_parts(algo, parts, bound):
+    x = jnp.asarray(rand(4, (4096,)))
+    ps = f32.parts(x, algo)
+    assert len(ps) == parts and all(p.dtype == jnp.bfloat16 for p in ps)
+    total = sum(np.asarray(p, np.float64) for p in ps)
+    xd = np.asarray(x, np.float64)
+    assert (np.abs(xd - total) <= bound * np.abs(xd)).all()
+
+
+def test_non_finite_values_stay_in_the_big_part():
+    x = jnp.asarray([np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1.0], np.float32)
+    for algo in ("tf32x3", "bf16x6"):
+        ps = f32.parts(x, algo)
+        big = np.asarray(ps[0], np.float32)
+        assert np.isposinf(big[0]) and np.isneginf(big[1]) and np.isnan(big[2])
+        for p in ps[1:]:
+            assert np.isfinite(np.asarray(p, np.float32)[:2]).all()  # remainders of inf: 0
+    for algo in ("tf32x3", "bf16x3"):  # no overflow to inf near float32's max
+        hi, lo = f32.parts(x, algo)
+        assert np.isfinite(np.asarray(hi, np.float32)[3:]).all()
+        total = np.asarray(hi, np.float64)[3:] + np.asarray(lo, np.float64)[3:]
+        xd = np.asarray(x, np.float64)[3:5]
+        assert (np.abs(total[:2] - xd) <= 2.0**-16 * np.abs(xd)).all()
+
+
+@pytest.mark.parametrize("algo,bound", [("tf32x3", 2e-6), ("bf16x6", 2e-6), ("bf16x9", 1e-6),
+                                        ("bf16x3", 4e-5), ("bf16", 1e-2)])
+def test_concatenated_product_accuracy(algo, bound):
+    """The algorithm's one product over K' = terms x K, with lax's float32 (HIGHEST) product
+    standing in for the kernels' float32 accumulation: float64-referenced error bounds
+    (3xTF32 and BF16x6: float32 accuracy, issue 25's 2e-6)."""
+    m, n, k = 96, 80, 1000
+    a, b = rand(5, (m, k)), rand(6, (k, n))
+    # under jit, as in the lowering (XLA must not fold the parts' conversions away)
+    ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
+    assert ac.shape == (m, k * len(f32.TERMS[algo])) and bc.shape == (k * len(f32.TERMS[algo]), n)
+    if algo.startswith("tf32"):  # the kernels read TF32: the parts are exactly TF32
+        assert not (_bits(ac) & 0x1FFF).any() and not (_bits(bc) & 0x1FFF).any()
+    got = jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32), precision="highest")
+    assert rel_err(got, a, b) <= bound
+
+
+def test_cpu_numbers_are_lax():
+    """On the CPU every float32 product is lax's own (bit for bit at DEFAULT, whatever the
+    layout) and the primitive is in the jaxpr."""
+    a, b = rand(7, (33, 70)), rand(8, (70, 21))
+    for x, y, dn in ((a, b, (((1,), (0,)), ((), ()))), (a.T, b, (((0,), (0,)), ((), ()))),
+                     (a, b.T, (((1,), (1,)), ((), ())))):
+        np.testing.assert_array_equal(tg.dot_general(x, y, dn), lax.dot_general(x, y, dn))
+    np.testing.assert_array_equal(tg.matmul(a, b, precision="highest"),
+                                  jnp.matmul(a, b, precision="highest"))
+    assert prims(jax.make_jaxpr(tg.matmul)(a, b), "tcgemm")
+
+
+def test_epilogue_and_batch_on_float32():
+    a, b = rand(9, (3, 17, 40)), rand(10, (40, 23))
+    c, bias = rand(11, (3, 17, 23)), rand(12, (23,))
+    got = tg.gemm(a, b, c, alpha=0.5, beta=2.0, bias=bias, activation="relu",
+                  precision="highest")
+    want = np.maximum(0.5 * np.einsum("bmk,kn->bmn", a.astype(np.float64), b) + 2.0 * c + bias, 0)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert tg.matmul(a, b, out_dtype=jnp.bfloat16).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("precision", ["highest", PRESET.BF16_BF16_F32_X3, None])
+def test_grad_keeps_precision(precision):
+    a, b = jnp.asarray(rand(13, (8, 16))), jnp.asarray(rand(14, (16, 4)))
+    jx = jax.make_jaxpr(jax.grad(lambda x, y: tg.matmul(x, y, precision=precision).sum(),
+                                 argnums=(0, 1)))(a, b)
+    eqs = prims(jx, "tcgemm")
+    want = problem.canonical_precision(precision)
+    assert len(eqs) == 3 and all(e.params["precision"] == want for e in eqs)
+    ga, gb = jax.grad(lambda x, y: tg.matmul(x, y, precision=precision).sum(), (0, 1))(a, b)
+    np.testing.assert_allclose(ga, np.broadcast_to(np.asarray(b).sum(1), (8, 16)), rtol=1e-5)
+    np.testing.assert_allclose(gb, np.broadcast_to(np.asarray(a).sum(0)[:, None], (16, 4)),
+                               rtol=1e-5)
+
+
+def test_vmap_is_one_product():
+    a, b = jnp.asarray(rand(15, (5, 9, 12))), jnp.asarray(rand(16, (5, 12, 7)))
+    f = jax.vmap(lambda x, y: tg.matmul(x, y, precision="highest"))
+    assert len(prims(jax.make_jaxpr(f)(a, b), "tcgemm")) == 1
+    np.testing.assert_allclose(f(a, b), np.einsum("bmk,bkn->bmn", np.asarray(a, np.float64), b),
+                               rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA lowering, as for an H100 (compute capability 9.0).
+
+@pytest.fixture
+def h100(monkeypatch):
+    monkeypatch.setattr(configs, "device_arch", lambda: (9, 0))
+
+
+def _calls(f, *args):
+    return custom_calls(cuda_text(f, *args))
+
+
+@needs_module
+def test_lowering_one_pass_k_major_is_the_call(h100):
+    a, b = jnp.ones((64, 256), jnp.float32), jnp.ones((96, 256), jnp.float32)
+    calls = _calls(lambda x, y: tg.gemm(x, y, transpose_b=True), a, b)
+    assert len(calls) == 1 and calls[0]["transpose_a"] == "false"
+    assert configs.BY_NAME[calls[0]["config"]].f32
+    assert "tensor<1x64x256xf32>" in calls[0]["line"] and "tensor<1x96x256xf32>" in calls[0]["line"]
+
+
+@needs_module
+@pytest.mark.parametrize("precision,k_prime,elem", [
+    (None, 260, "f32"),                         # NN: b transposed, K padded to a multiple of 4
+    ("highest", 3 * 258 + 2, "f32"),            # 3xTF32: three TF32 parts, K-major
+    (PRESET.BF16_BF16_F32_X6, 6 * 258, "bf16"),  # bfloat16 parts on the bfloat16 kernels
+    (PRESET.BF16_BF16_F32, 258, "bf16"),
+])
+def test_lowering_parts(h100, precision, k_prime, elem):
+    a, b = jnp.ones((64, 258), jnp.float32), jnp.ones((258, 96), jnp.float32)
+    calls = _calls(lambda x, y: tg.matmul(x, y, precision=precision), a, b)
+    assert len(calls) == 1
+    line = calls[0]["line"]
+    assert f"x{k_prime}x{elem}>" in line, line
+    if elem == "f32":
+        assert calls[0]["transpose_b"] == "true" and configs.BY_NAME[calls[0]["config"]].f32
+
+
+@needs_module
+def test_lowering_lax_algorithms_and_other_gpus(h100, monkeypatch):
+    a, b = jnp.ones((64, 256), jnp.float32), jnp.ones((256, 96), jnp.float32)
+    text = cuda_text(lambda x, y: tg.matmul(x, y, precision=PRESET.F32_F32_F32), a, b)
+    assert "custom_call @tcgemm" not in text and "dot_general" in text
+    monkeypatch.setattr(configs, "device_arch", lambda: (8, 0))  # an A100: XLA's own TF32
+    text = cuda_text(lambda x, y: tg.matmul(x, y), a, b)
+    assert "custom_call @tcgemm" not in text and "dot_general" in text
+
+
+@needs_module
+def test_forced_config_must_have_tf32_kernels(h100):
+    a, b = jnp.ones((1, 64, 256), jnp.float32), jnp.ones((1, 96, 256), jnp.float32)
+    bad = next(c.name for c in configs.CONFIGS if not c.f32)
+    good = next(c.name for c in configs.CONFIGS if c.f32)
+    calls = _calls(lambda x, y: tcgemm(x, y, transpose_b=True, config=good), a, b)
+    assert calls[0]["config"] == good
+    with pytest.raises(ValueError, match="no float32"):
+        cuda_text(lambda x, y: tcgemm(x, y, transpose_b=True, config=bad), a, b)
+
+
+@needs_module
+def test_plan_f32():
+    assert configs.plan_f32(4096, 4096, 4096, arch=(9, 0))[0] in {c.name for c in configs.CONFIGS
+                                                                  if c.f32}
+    assert configs.plan_f32(4096, 4096, 4097, arch=(9, 0)) is None  # rows TMA cannot address
+    assert configs.plan_f32(4096, 4096, 4096, arch=(8, 0)) is None
+    assert {c.name for c in configs.CONFIGS if c.f32} == {
+        c.name for c in configs.CONFIGS
+        if c.kind == "sm90" and not c.pingpong and c.bm == 64 * c.consumers}

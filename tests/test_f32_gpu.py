@@ -1,0 +1,160 @@
+"""GPU tests of float32 products (issue 25): every algorithm our kernels run (one TF32 pass,
+3xTF32, the BF16 presets), every layout, batch, shapes that are not tile multiples, K not a
+multiple of 4, the fused epilogue and every output dtype, K splits, vmap and gradients, the
+accuracy bars (2048^3 and K = 65536 against float64 and jnp's HIGHEST). (The seeded fuzz of
+tests/test_fuzz.py covers float32 operands too, at HIGHEST.)
+
+References: float64 numpy of the float32 operands (conftest.epilogue64 for the epilogue).
+Every product runs twice into fresh poisoned buffers donated for its outputs
+(conftest.poisoned_twice): an element never written keeps its NaN, a racy one differs between
+the runs. Each case asserts that the kernel ran (the compiled HLO calls the tcgemm custom call)
+on a GPU with TF32 kernels (compute capability 9.0).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tcgemm as tg
+from jax_tcgemm import configs
+from jax_tcgemm.primitive import tcgemm
+
+from conftest import epilogue64, poisoned_twice, rel_err, seed_of
+
+pytestmark = pytest.mark.gpu
+
+PRESET = lax.DotAlgorithmPreset
+F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
+# precision -> relative (Frobenius) error bound against float64 of the float32 operands, for
+# N(0, 1) data and K up to 4096: one TF32 or BF16 pass rounds the operands (2^-11 / 2^-8), the
+# others are float32-accurate but for BF16x3 (2^-16 per product).
+PRECISIONS = {
+    None: 2e-3, "highest": 2e-6, PRESET.TF32_TF32_F32: 2e-3, PRESET.TF32_TF32_F32_X3: 2e-6,
+    PRESET.BF16_BF16_F32: 1e-2, PRESET.BF16_BF16_F32_X3: 5e-5, PRESET.BF16_BF16_F32_X6: 2e-6,
+    PRESET.BF16_BF16_F32_X9: 2e-6,
+}
+PREC_IDS = ["none", "highest", "tf32", "tf32x3", "bf16", "bf16x3", "bf16x6", "bf16x9"]
+SHAPES = [(1, 1, 1), (17, 33, 65), (300, 257, 130), (129, 200, 1027), (128, 256, 4096)]
+
+
+def _sm90():
+    return configs.device_arch() == (9, 0)
+
+
+def rand32(seed, shape):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _ran_kernel(fn, *args):
+    return "custom_call_target=\"tcgemm\"" in jax.jit(fn).lower(*args).compile().as_text()
+
+
+def check(fn, args, want, tol, what):
+    """fn(*args) twice into poisoned buffers: written, deterministic, within tol of want."""
+    outs, same, _ = poisoned_twice(lambda *xs: [fn(*xs)], *args)
+    out = outs[0]
+    assert same[0], f"{what}: two runs differ (race or unwritten elements)"
+    assert np.isfinite(out.astype(np.float64)).all(), f"{what}: NaN or inf (unwritten?)"
+    err = rel_err(out, want)
+    assert err <= tol, f"{what}: rel_err {err:.3g} > {tol:.3g}"
+    if _sm90() and min(out.shape) > 0:
+        assert _ran_kernel(fn, *args), f"{what}: the tcgemm kernel did not run"
+    return err
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS), ids=PREC_IDS)
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["NN", "NT", "TN", "TT"])
+def test_products(precision, ta, tb):
+    for m, n, k in SHAPES:
+        seed = seed_of("f32", str(precision), ta, tb, m, n, k)
+        a = rand32(seed, (k, m) if ta else (m, k))
+        b = rand32(seed + 1, (n, k) if tb else (k, n))
+        want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+        check(lambda x, y: tg.gemm(x, y, transpose_a=ta, transpose_b=tb, precision=precision),
+              (a, b), want, PRECISIONS[precision], f"{precision} {m}x{n}x{k} ta={ta} tb={tb}")
+
+
+@pytest.mark.parametrize("precision", [None, "highest"], ids=["none", "highest"])
+def test_batch_and_broadcast(precision):
+    a, b = rand32(1, (3, 70, 130)), rand32(2, (130, 45))
+    want = np.einsum("bmk,kn->bmn", a.astype(np.float64), b)
+    check(lambda x, y: tg.matmul(x, y, precision=precision), (a, b), want,
+          PRECISIONS[precision], "shared b")
+    b3 = rand32(3, (3, 130, 45))
+    want = np.einsum("bmk,bkn->bmn", a.astype(np.float64), b3)
+    check(lambda x, y: tg.matmul(x, y, precision=precision), (a, b3), want,
+          PRECISIONS[precision], "batched b")
+
+
+@pytest.mark.parametrize("out_dtype", [F32, BF16, F16], ids=str)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
+def test_epilogue(out_dtype, activation):
+    m, n, k = 150, 260, 333
+    seed = seed_of("f32epi", str(out_dtype), activation)
+    a, b = rand32(seed, (m, k)), rand32(seed + 1, (k, n))
+    c, bias = rand32(seed + 2, (m, n)).astype(out_dtype), rand32(seed + 3, (n,))
+    want = epilogue64(a.astype(np.float64) @ b, c, bias, alpha=0.75, beta=-1.5,
+                      activation=activation)[0]
+    tol = {F32: 2e-6, BF16: 5e-3, F16: 1e-3}[out_dtype]
+    check(lambda x, y, z, w: tg.gemm(x, y, z, alpha=0.75, beta=-1.5, bias=w,
+                                     activation=activation, out_dtype=out_dtype,
+                                     precision="highest"),
+          (a, b, c, bias), want, tol, f"epilogue {activation} -> {out_dtype}")
+
+
+@pytest.mark.skipif(not configs.CONFIGS, reason="needs the compiled extension")
+@pytest.mark.parametrize("config", [c.name for c in configs.CONFIGS if c.f32])
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_forced_rows_and_splits(config, split):
+    if not _sm90():
+        pytest.skip("TF32 kernels run on compute capability 9.0")
+    m, n, k = 200, 300, 1000
+    a, b = rand32(seed_of(config, split), (2, m, k)), rand32(seed_of(config, split, 1), (2, n, k))
+    want = np.einsum("bmk,bnk->bmn", a.astype(np.float64), b)
+    check(lambda x, y: tcgemm(x, y, transpose_b=True, config=config, split_k=split,
+                              precision=PRESET.TF32_TF32_F32),
+          (a, b), want, 2e-3, f"{config} split {split}")
+
+
+def test_accuracy_bars():
+    """HIGHEST: <= 2e-6 at 2048^3 N(0, 1), and no worse than jnp.dot(precision=HIGHEST) at
+    K = 65536 (issue 25); max-norm errors as the f32 benchmark reports them."""
+    def err(out, want):
+        return float(np.abs(np.asarray(out, np.float64) - want).max() / np.abs(want).max())
+    a, b = rand32(11, (2048, 2048)), rand32(12, (2048, 2048))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    ours = err(tg.matmul(a, b, precision="highest"), want)
+    assert ours <= 2e-6, ours
+    a, b = rand32(13, (256, 65536)), rand32(14, (65536, 256))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    ours = err(tg.matmul(a, b, precision="highest"), want)
+    lax_err = err(jnp.dot(a, b, precision="highest"), want)
+    assert ours <= 1.1 * lax_err, (ours, lax_err)
+
+
+@pytest.mark.parametrize("precision", [None, "highest"], ids=["none", "highest"])
+def test_grad_and_vmap(precision):
+    a, b = rand32(21, (4, 33, 70)), rand32(22, (70, 50))
+    g = rand32(23, (4, 33, 50))
+
+    def f(x, y):
+        return (tg.matmul(x, y, precision=precision) * g).sum()
+    ga, gb = jax.jit(jax.grad(f, (0, 1)))(a, b)
+    g64 = g.astype(np.float64)
+    assert rel_err(ga, np.einsum("bmn,kn->bmk", g64, b)) <= PRECISIONS[precision]
+    assert rel_err(gb, np.einsum("bmk,bmn->kn", a.astype(np.float64), g64)) <= PRECISIONS[precision]
+    v = jax.jit(jax.vmap(lambda x: tg.matmul(x, b, precision=precision)))(a)
+    assert rel_err(v, np.einsum("bmk,kn->bmn", a.astype(np.float64), b)) <= PRECISIONS[precision]
+
+
+def test_dot_general_float32_dims():
+    """A transformer-style contraction: batch and free dims collapsed, as lax would."""
+    x, w = rand32(31, (2, 24, 64)), rand32(32, (64, 4, 16))
+    dn = (((2,), (0,)), ((), ()))
+    want = np.einsum("bsd,dhk->bshk", x.astype(np.float64), w)
+    check(lambda p, q: tg.dot_general(p, q, dn, precision="highest"), (x, w), want, 2e-6,
+          "dot_general")
