@@ -1,10 +1,12 @@
-"""What the examples share (train_mlp.py, train_fp8.py, moe.py): the regression task they train
-on, y = sin(x T) for a fixed random T (OUT_FEATURES wide) and x ~ N(0, 1), its jitted Adam step,
-the comparison of two loss curves by window means, and an equation count of a jaxpr. Each
+"""What the examples share (train_mlp.py, train_f32.py, train_fp8.py, moe.py): the regression task
+they train on, y = sin(x T) for a fixed random T (OUT_FEATURES wide) and x ~ N(0, 1), its jitted
+Adam step, the lockstep training of two models and the comparison of their loss curves by
+window means, an equation count of a jaxpr, and the MLP examples' options. Each
 example puts its own directory on sys.path to import this file (it runs from its path, also
 under the tests)."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -103,3 +105,42 @@ def count_eqns(jaxpr, name):
                 sub = getattr(sub, "jaxpr", sub)
                 n += count_eqns(sub, name) if hasattr(sub, "eqns") else 0
     return n
+
+
+def mlp_args(doc, argv, gpu_steps, windows):
+    """The MLP examples' options (train_mlp.py, train_f32.py): steps (gpu_steps on a GPU, 100
+    elsewhere), batch, width, depth, seed, Adam's lr (1e-3 * min(1, sqrt(256 / width))) and the
+    print interval (steps / windows)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"default {gpu_steps} on GPU, 100 elsewhere")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=3, help="hidden layers")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="Adam learning rate (default 1e-3 * min(1, sqrt(256 / width)))")
+    ap.add_argument("--every", type=int, default=0,
+                    help=f"print interval (default steps/{windows})")
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (gpu_steps if jax.default_backend() == "gpu" else 100)
+    args.every = args.every or max(1, args.steps // windows)
+    args.lr = args.lr or 1e-3 * min(1.0, (256 / args.width) ** 0.5)
+    return args
+
+
+def train_pair(models, steps, batch_size, width, seed, lr):
+    """Trains models {"tcgemm": ours, "jnp": stock} (one parameter tree: the stock model's init
+    serves both) in lockstep with Adam on the task; returns the histories (train_lockstep) and
+    the numbers of tcgemm and of dot_general equations in our model's gradient."""
+    k_init, k_teacher, k_data = jax.random.split(jax.random.PRNGKey(seed), 3)
+    t = teacher(k_teacher, width)
+    x0 = jnp.zeros((batch_size, width), jnp.float32)
+    params = jax.jit(models["jnp"].init)(k_init, x0[:1])
+    opt = optax.adam(lr)
+    state = {name: (params, opt.init(params)) for name in models}
+    step = {name: make_step(m, opt, t, batch_size, width) for name, m in models.items()}
+    grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x).astype(jnp.float32)))
+    jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
+    hist, _ = train_lockstep(step, state, k_data, steps)
+    return hist, count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")

@@ -20,21 +20,17 @@ training far beyond that.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import optax
 from jax import lax
 
 import jax_tcgemm as tg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import (OUT_FEATURES, count_eqns, make_step, report, teacher,  # noqa: E402
-                    train_lockstep)
+from common import OUT_FEATURES, mlp_args, report, train_pair  # noqa: E402
 
 RTOL = 1e-3  # see the module docstring
 
@@ -55,37 +51,16 @@ class MLP(nn.Module):
 
 
 def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
-    """Trains both models in lockstep; returns {name: (losses, seconds)} and the numbers of
-    tcgemm and of dot_general equations in our model's gradient."""
-    k_init, k_teacher, k_data = jax.random.split(jax.random.PRNGKey(seed), 3)
-    t = teacher(k_teacher, width)
+    """Trains the tcgemm and the stock model in lockstep (common.train_pair); returns
+    {name: (losses, seconds)} and the numbers of tcgemm and of dot_general equations in the
+    tcgemm model's gradient."""
     models = {"tcgemm": MLP(width, depth, ours=True), "jnp": MLP(width, depth)}
-    params = jax.jit(models["jnp"].init)(k_init, jnp.zeros((1, width), jnp.float32))
-    opt = optax.adam(lr)
-    state = {name: (params, opt.init(params)) for name in models}
-    step = {name: make_step(m, opt, t, batch_size, width) for name, m in models.items()}
-    x0 = jnp.zeros((batch_size, width), jnp.float32)
-    grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x)))
-    jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
-    n_tcgemm, n_dot = count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")
-    hist, _ = train_lockstep(step, state, k_data, steps)
-    return hist, n_tcgemm, n_dot
+    return train_pair(models, steps, batch_size, width, seed, lr)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=None, help="default 200 on GPU, 100 elsewhere")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--depth", type=int, default=3, help="hidden layers")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="Adam learning rate (default 1e-3 * min(1, sqrt(256 / width)))")
-    ap.add_argument("--every", type=int, default=0, help="print interval (default steps/10)")
-    args = ap.parse_args(argv)
-    args.steps = args.steps or (200 if jax.default_backend() == "gpu" else 100)
-    every = args.every or max(1, args.steps // 10)
-    lr = args.lr or 1e-3 * min(1.0, (256 / args.width) ** 0.5)
+    args = mlp_args(__doc__, argv, 200, 10)
+    every, lr = args.every, args.lr
     print(f"backend {jax.default_backend()}: MLP {args.depth}x{args.width} -> {OUT_FEATURES}, "
           f"batch {args.batch}, {args.steps} Adam steps (lr {lr:g}), float32 at precision "
           "HIGHEST; nn.Dense(dot_general=tg.dot_general) (tcgemm) vs nn.Dense (jnp)")

@@ -25,20 +25,17 @@ per step), which removes step-to-step noise without hiding a drift.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from jax_tcgemm import layers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import (OUT_FEATURES, count_eqns, make_step, report, teacher,  # noqa: E402
-                    train_lockstep)
+from common import OUT_FEATURES, mlp_args, report, train_pair  # noqa: E402
 
 BF16_ULP = 2.0 ** -8
 RTOL = 8 * BF16_ULP  # see the module docstring
@@ -62,40 +59,20 @@ class MLP(nn.Module):
 
 
 def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
-    """Trains the tcgemm and the stock model in lockstep; returns {name: (losses, seconds)}
-    and the numbers of tcgemm and of dot_general equations in the tcgemm model's gradient."""
-    key = jax.random.PRNGKey(seed)
-    k_init, k_teacher, k_data = jax.random.split(key, 3)
-    t = teacher(k_teacher, width)
+    """Trains the tcgemm and the stock model in lockstep (common.train_pair); returns
+    {name: (losses, seconds)} and the numbers of tcgemm and of dot_general equations in the
+    tcgemm model's gradient."""
     models = {"tcgemm": MLP(width, depth, fused=True), "jnp": MLP(width, depth)}
-    params = jax.jit(models["jnp"].init)(k_init, jnp.zeros((1, width), jnp.float32))
-    p_fused = jax.eval_shape(models["tcgemm"].init, k_init, jnp.zeros((1, width), jnp.float32))
-    assert jax.tree.structure(p_fused) == jax.tree.structure(params)  # one init serves both
-    opt = optax.adam(lr)
-    state = {name: (params, opt.init(params)) for name in models}
-    step = {name: make_step(m, opt, t, batch_size, width) for name, m in models.items()}
-    x0 = jnp.zeros((batch_size, width), jnp.float32)
-    grad = jax.grad(lambda p, x: jnp.sum(models["tcgemm"].apply(p, x).astype(jnp.float32)))
-    jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
-    n_tcgemm, n_dot = count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")
-    hist, _ = train_lockstep(step, state, k_data, steps)
-    return hist, n_tcgemm, n_dot
+    x = jnp.zeros((1, width), jnp.float32)
+    key = jax.random.split(jax.random.PRNGKey(seed), 3)[0]  # train_pair's init key
+    trees = [jax.eval_shape(m.init, key, x) for m in models.values()]
+    assert jax.tree.structure(trees[0]) == jax.tree.structure(trees[1])  # one init serves both
+    return train_pair(models, steps, batch_size, width, seed, lr)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=None, help="default 300 on GPU, 100 elsewhere")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--depth", type=int, default=3, help="hidden layers")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="Adam learning rate (default 1e-3 * min(1, sqrt(256 / width)))")
-    ap.add_argument("--every", type=int, default=0, help="print interval (default steps/15)")
-    args = ap.parse_args(argv)
-    args.steps = args.steps or (300 if jax.default_backend() == "gpu" else 100)
-    every = args.every or max(1, args.steps // 15)
-    lr = args.lr or 1e-3 * min(1.0, (256 / args.width) ** 0.5)
+    args = mlp_args(__doc__, argv, 300, 15)
+    every, lr = args.every, args.lr
     print(f"backend {jax.default_backend()}: MLP {args.depth}x{args.width} -> {OUT_FEATURES}, "
           f"batch {args.batch}, {args.steps} Adam steps (lr {lr:g}), bf16 GEMMs, float32 weights;"
           " fused layers (tcgemm) vs nn.Dense + nn.gelu (jnp)")

@@ -432,6 +432,57 @@ def run_suite(args, argv, cs: list, suffix: str, harness: str, header: str, run_
     return 1 if failed else 0
 
 
+def two_sided_header(width: int, unit: str) -> str:
+    """The header of a two-sided suite's rows (lowp, f32: tcgemm and jnp per row)."""
+    return (f"{'name':<{width}} {'M':>6} {'N':>6} {'K':>6} {'tcgemm':>8} {'jnp':>8} {'ratio':>6} "
+            f"{'rel_err':>9}  {'jnp_err':>9}  ({unit})")
+
+
+def two_sided_row(row: dict, width: int, tail: str = "") -> str:
+    """One row of a two-sided suite: rates, ratio, both errors (! where ours is out of
+    bounds), then `tail`."""
+    head = f"{row['name']:<{width}} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
+    if "error" in row:
+        return head + "ERROR " + row["error"]
+    return head + (f"{row['tcgemm_tflops']:>8.1f} {row['jnp_tflops']:>8.1f} {row['ratio']:>6.2f} "
+                   f"{row['rel_err']:>9.2e}{' ' if row['err_ok'] else '!'} "
+                   f"{row['jnp_rel_err']:>9.2e} {tail}")
+
+
+def time_two_sides(fns: dict, args: tuple, reps: int, r: int, flops: int, errs: dict,
+                   tol: float) -> dict:
+    """Times the sides {name: jitted fn} interleaved (timing.time_fns, medians) and returns the
+    row fields: rates (r products of `flops` each per call), ratio, errors, err_ok (ours within
+    tol), per-side milliseconds."""
+    med = timing.medians(timing.time_fns(fns, args, reps))
+    tf = {side: r * flops / med[side] / 1e12 for side in med}
+    return dict(r=r, reps=reps, tcgemm_tflops=_sig(tf["tcgemm"], 4),
+                jnp_tflops=_sig(tf["jnp"], 4), ratio=round(tf["tcgemm"] / tf["jnp"], 4),
+                rel_err=_sig(errs["tcgemm"]), jnp_rel_err=_sig(errs["jnp"]),
+                err_ok=bool(errs["tcgemm"] <= tol),
+                **{f"{side}_ms": _sig(med[side] * 1e3, 4) for side in med})
+
+
+def run_two_sided(args, argv, cs: list, suite: str, harness: str, header: str, run_case,
+                  fmt) -> int:
+    """`bench --suite <suite>` of a two-sided suite with its own rows (lowp, f32): nothing
+    without a GPU (unless --force), the --cases filter, then run_suite with the geometric mean
+    of the ratios. run_case(case, reps, mem_limit, barrier) -> row."""
+    import jax
+    backend = jax.default_backend()
+    if backend != "gpu" and not args.force:
+        print(f"No GPU found (JAX backend is {backend!r}): no {suite} benchmark is run.")
+        return 0
+    cs = filter_cases(cs, args.cases)
+    if not cs:
+        print("error: no case matches --cases", file=sys.stderr)
+        return 2
+    return run_suite(
+        args, argv, cs, f"-{suite}", harness, header,
+        lambda c, mem: run_case(c, args.reps, mem, not args.no_barrier), fmt,
+        lambda rows: f"geomean tcgemm / jnp {geomean([r.get('ratio') for r in rows]):.3f}")
+
+
 def run_rows(cs: list, run_one, fmt, json_path, meta) -> list:
     """run_one(case) -> row for each case of a suite with its own rows (ragged, lowp): an
     exception becomes the row's `error` and the run goes on; each row is printed (fmt) and the

@@ -22,7 +22,6 @@ error where larger. Rows go to benchmarks/results/<gpu>-lowp.json by default.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
@@ -188,48 +187,25 @@ def run_case(case: LowpCase, reps: int = 9, mem_limit: int | None = None,
         o = out[rows].astype(np.float64)
         errs[side] = float(np.linalg.norm(o - want) / max(np.linalg.norm(want), 1e-300))
     del firsts
-    med = timing.medians(timing.time_fns(fns, (a, *sh), reps))
-    tf = {side: r * case.flops / med[side] / 1e12 for side in med}
-    sig = bench._sig
     tol = 0.0 if case.kind == "int8" else max(5e-3, 2 * errs["jnp"])
-    row.update(r=r, reps=reps, tcgemm_tflops=sig(tf["tcgemm"], 4), jnp_tflops=sig(tf["jnp"], 4),
-               ratio=round(tf["tcgemm"] / tf["jnp"], 4), rel_err=sig(errs["tcgemm"]),
-               jnp_rel_err=sig(errs["jnp"]), err_ok=bool(errs["tcgemm"] <= tol),
-               **{f"{side}_ms": sig(med[side] * 1e3, 4) for side in med})
+    row.update(bench.time_two_sides(fns, (a, *sh), reps, r, case.flops, errs, tol))
     return row
 
 
 def format_row(row: dict) -> str:
-    head = f"{row['name']:<24} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
-    if "error" in row:
-        return head + "ERROR " + row["error"]
-    return head + (f"{row['tcgemm_tflops']:>8.1f} {row['jnp_tflops']:>8.1f} {row['ratio']:>6.2f} "
-                   f"{row['rel_err']:>9.2e}{' ' if row['err_ok'] else '!'} "
-                   f"{row['jnp_rel_err']:>9.2e} cfg {row['config']}")
+    return bench.two_sided_row(row, 24, f"cfg {row.get('config')}")
 
 
-HEADER = (f"{'name':<24} {'M':>6} {'N':>6} {'K':>6} {'tcgemm':>8} {'jnp':>8} {'ratio':>6} "
-          f"{'rel_err':>9}  {'jnp_err':>9}  (TFLOP/s or TOP/s)")
+HEADER = bench.two_sided_header(24, "TFLOP/s or TOP/s")
 
 
 def run(args, argv=None) -> int:
     """`bench --suite lowp` with bench's parsed arguments (reps, json, cases, force,
     no_barrier)."""
-    import jax
-    backend = jax.default_backend()
-    if backend != "gpu" and not args.force:
-        print(f"No GPU found (JAX backend is {backend!r}): no lowp benchmark is run.")
-        return 0
-    cs = bench.filter_cases(cases(), args.cases)
-    if not cs:
-        print("error: no case matches --cases", file=sys.stderr)
-        return 2
     harness = ("per side one jit of R independent products (R distinct a, shared b and scales"
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
                "tcgemm (tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, "
                f"dequantise-then-dot); 2 warm-up calls, {args.reps} timed calls per side "
                "interleaved, median")
-    return bench.run_suite(
-        args, argv, cs, "-lowp", harness, HEADER,
-        lambda c, mem: run_case(c, args.reps, mem, not args.no_barrier), format_row,
-        lambda rows: f"geomean tcgemm / jnp {bench.geomean([r.get('ratio') for r in rows]):.3f}")
+    return bench.run_two_sided(args, argv, cases(), "lowp", harness, HEADER, run_case,
+                               format_row)

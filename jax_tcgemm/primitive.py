@@ -130,13 +130,9 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
     del plan, overwrite_c
     a, b, c, bias, scale = split_operands(args, has_c, has_bias, has_scale)
     bt = b.shape[0] if a.shape[0] == 1 else a.shape[0]
-    # float32 operands: half-precision products are exact in float32, and XLA:CPU has no
-    # batched bf16 x bf16 -> f32 dot for some operand layouts (jaxlib 0.11.2).
-    # `precision` changes float32 math only: a float16 / bfloat16 product is exact in float32
-    # at any precision, which the kernels' float32 accumulation is, so those are computed at
-    # HIGHEST whatever the param says (the numerics contract of the kernels). Float32 operands
-    # take the precision as lax does (on GPU DEFAULT / HIGH: one TF32 pass, HIGHEST: float32, a
-    # preset: its algorithm; on CPU float32, and lax's error for a preset it does not run).
+    # float32 operands (XLA:CPU has no batched bf16 x bf16 -> f32 dot for some layouts). A
+    # float16 / bfloat16 product is exact in float32 at any precision, as in the kernels: those
+    # at HIGHEST whatever the param; float32 operands at their precision, as lax does.
     half = np.dtype(a.dtype) in IN_DTYPES
     prec = lax.Precision.HIGHEST if half else precision
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -167,10 +163,7 @@ def _kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, bet
     """The FFI call on operands the kernels read as they are: float16 / bfloat16 in any layout,
     float32 K-major with K a multiple of 4 (one TF32 pass: _f32_lowering makes the rest so)."""
     from . import configs
-    # precision is not an attribute of the call: the float16 / bfloat16 kernels' math does not
-    # depend on it (their products are exact in the float32 accumulator), and float32 operands
-    # arrive here only for one TF32 pass.
-    del precision
+    del precision  # float16 / bfloat16: exact products at any; float32: one TF32 pass here
     _ffi.require()
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
@@ -211,9 +204,10 @@ _TF32_PASS = lax.DotAlgorithmPreset.TF32_TF32_F32
 
 def _f32_lowering(ctx, *args, **params):
     """float32 operands on CUDA, by their precision's algorithm (problem.f32_algorithm). On
-    compute capability 9.0 one TF32 pass on K-major operands with K % 4 == 0 is the FFI call;
-    other layouts and K, and the multi-pass algorithms, are one product of the operands' parts
-    side by side along K (f32.concat_operands, XLA ops in front of the call). lax computes the
+    compute capability 9.0 the multi-pass algorithms are one product of the operands' parts
+    side by side along K (f32.concat_operands, XLA ops in front of the call); one TF32 pass is
+    XLA's (problem.F32_ON_KERNELS says why) unless a config is forced, then it is the FFI call
+    (K-major operands with K % 4 == 0 as they are, others made so). lax computes the
     algorithms our kernels lack, and all on other GPUs (XLA's TF32 / presets: one contract)."""
     from . import configs
     a_aval, b_aval = ctx.avals_in[:2]
@@ -221,7 +215,8 @@ def _f32_lowering(ctx, *args, **params):
     k = dims(a_aval.shape, b_aval.shape, ta, tb)[3]
     algo = problem.f32_algorithm(params["precision"])
     arch = configs.device_arch()
-    if algo is None or not _ffi.available() or arch is None or tuple(arch[:2]) != (9, 0):
+    if (algo not in problem.F32_ON_KERNELS and plan is None) or algo is None or \
+            not _ffi.available() or arch is None or tuple(arch[:2]) != (9, 0):
         return _fallback_lowering(ctx, *args, **params)
     if plan is not None and algo.startswith("tf32") and not configs.BY_NAME[plan[0]].f32:
         raise ValueError(f"tcgemm: config {plan[0]} has no float32 (TF32) kernel; rows that "
@@ -235,6 +230,7 @@ def _f32_lowering(ctx, *args, **params):
 def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **params):
     """tcgemm_p on the parts of float32 a and b (f32.concat_operands) for algorithm `algo`."""
     if algo.startswith("tf32"):  # K-major, K a multiple of 4 (zeros), then one TF32 pass
+        from . import configs
         a = jnp.swapaxes(a, 1, 2) if transpose_a else a
         b = b if transpose_b else jnp.swapaxes(b, 1, 2)
         a, b = f32.concat_operands(a, b, algo, 2, 2)
@@ -242,8 +238,14 @@ def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **param
         if pad:
             a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
             b = jnp.pad(b, ((0, 0), (0, 0), (0, pad)))
+        plan = params.pop("plan")  # the pass on our kernel: planned here unless forced
+        if plan is None:
+            bt, m, n, kk, _ = dims(a.shape, b.shape, False, True)
+            plan = configs.plan_f32(m, n, kk, bt, epilogue=problem.fused_epilogue(
+                params["has_c"], params["has_bias"], params["has_scale"], params["aux"],
+                params["activation"]))
         return tcgemm_p.bind(a, b, *rest, transpose_a=False, transpose_b=True,
-                             precision=_TF32_PASS, **params)
+                             precision=_TF32_PASS, plan=plan, **params)
     a, b = f32.concat_operands(a, b, algo, 1 if transpose_a else 2, 2 if transpose_b else 1)
     return tcgemm_p.bind(a, b, *rest, transpose_a=transpose_a, transpose_b=transpose_b,
                          precision=precision, **params)

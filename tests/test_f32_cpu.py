@@ -165,17 +165,24 @@ def _calls(f, *args):
 
 
 @needs_module
-def test_lowering_one_pass_k_major_is_the_call(h100):
+def test_lowering_one_pass_is_xla_unless_forced(h100):
+    """One TF32 pass (precision None / DEFAULT) is XLA's product (problem.F32_ON_KERNELS);
+    with a config forced it is our call: K-major operands as they are, others transposed and
+    K padded to a multiple of 4 first."""
     a, b = jnp.ones((64, 256), jnp.float32), jnp.ones((96, 256), jnp.float32)
-    calls = _calls(lambda x, y: tg.gemm(x, y, transpose_b=True), a, b)
-    assert len(calls) == 1 and calls[0]["transpose_a"] == "false"
-    assert configs.BY_NAME[calls[0]["config"]].f32
+    text = cuda_text(lambda x, y: tg.gemm(x, y, transpose_b=True), a, b)
+    assert "custom_call @tcgemm" not in text and "dot_general" in text
+    good = next(c.name for c in configs.CONFIGS if c.f32)
+    calls = _calls(lambda x, y: tcgemm(x[None], y[None], transpose_b=True, config=good), a, b)
+    assert len(calls) == 1 and calls[0]["config"] == good and calls[0]["transpose_a"] == "false"
     assert "tensor<1x64x256xf32>" in calls[0]["line"] and "tensor<1x96x256xf32>" in calls[0]["line"]
+    a, b = jnp.ones((1, 64, 258), jnp.float32), jnp.ones((1, 258, 96), jnp.float32)
+    calls = _calls(lambda x, y: tcgemm(x, y, config=good), a, b)
+    assert len(calls) == 1 and "x260xf32>" in calls[0]["line"] and calls[0]["transpose_b"] == "true"
 
 
 @needs_module
 @pytest.mark.parametrize("precision,k_prime,elem", [
-    (None, 260, "f32"),                         # NN: b transposed, K padded to a multiple of 4
     ("highest", 3 * 258 + 2, "f32"),            # 3xTF32: three TF32 parts, K-major
     (PRESET.BF16_BF16_F32_X6, 6 * 258, "bf16"),  # bfloat16 parts on the bfloat16 kernels
     (PRESET.BF16_BF16_F32, 258, "bf16"),

@@ -173,10 +173,10 @@ void byte_cases(bool quick, int cc, Tally& t) {
       {E4, E4, DType::kBF16, 200, 136, 528, Scale::kTensor, false, kNo},
       {E4, E5, DType::kF32, 129, 300, 144, Scale::kRowCol, true, Activation::kGeluTanh},
       {E5, E4, DType::kF16, 70, 260, 272, Scale::kBlock, false, kNo},
-      {E4, E4, DType::kF32, 1, 1, 16, Scale::kBlock, true, Activation::kSilu},
+      {E4, E4, DType::kF32, 1, 200, 48, Scale::kBlock, true, Activation::kSilu},
       {F32, F32, DType::kF32, 200, 136, 528, Scale::kTensor, false, kNo},
       {F32, F32, DType::kBF16, 129, 300, 1060, Scale::kNone, true, Activation::kGeluTanh, 2},
-      {F32, F32, DType::kF16, 1, 1, 4, Scale::kNone, false, kNo},
+      {F32, F32, DType::kF16, 1, 130, 4, Scale::kNone, false, kNo},
   };
   if (!quick) {
     cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});
