@@ -144,3 +144,19 @@ def train_pair(models, steps, batch_size, width, seed, lr):
     jaxpr = jax.make_jaxpr(grad)(params, x0).jaxpr  # the model's forward and backward
     hist, _ = train_lockstep(step, state, k_data, steps)
     return hist, count_eqns(jaxpr, "tcgemm"), count_eqns(jaxpr, "dot_general")
+
+
+def mlp_verdict(hist, n_tcgemm, n_dot, args, rtol, tol_note=""):
+    """The MLP examples' end: the equation count of our model's gradient (expected: a forward,
+    weight-gradient and input-gradient product per layer, no input gradient for the first),
+    the curves (report), and the exit status: 0 if the curves agree and every product is
+    ours."""
+    print(f"equations in the tcgemm model's gradient: tcgemm {n_tcgemm}, dot_general {n_dot} "
+          f"(expected {3 * args.depth + 2} and 0: per layer forward, weight and input gradient, "
+          "no input gradient for the first layer)")
+    ok = report(hist, "jnp", args.every, args.steps, rtol, tol_note)
+    if n_tcgemm == 0 or n_dot:
+        print("FAIL: the tcgemm model's products are not all tcgemm")
+        return 1
+    print("OK" if ok else "FAIL")
+    return 0 if ok else 1

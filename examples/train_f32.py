@@ -30,7 +30,7 @@ from jax import lax
 import jax_tcgemm as tg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/common.py
-from common import OUT_FEATURES, mlp_args, report, train_pair  # noqa: E402
+from common import OUT_FEATURES, mlp_args, mlp_verdict, train_pair  # noqa: E402
 
 RTOL = 1e-3  # see the module docstring
 
@@ -60,21 +60,13 @@ def train_both(steps, batch_size, width, depth=3, seed=0, lr=1e-3):
 
 def main(argv=None) -> int:
     args = mlp_args(__doc__, argv, 200, 10)
-    every, lr = args.every, args.lr
+    lr = args.lr
     print(f"backend {jax.default_backend()}: MLP {args.depth}x{args.width} -> {OUT_FEATURES}, "
           f"batch {args.batch}, {args.steps} Adam steps (lr {lr:g}), float32 at precision "
           "HIGHEST; nn.Dense(dot_general=tg.dot_general) (tcgemm) vs nn.Dense (jnp)")
     hist, n_tcgemm, n_dot = train_both(args.steps, args.batch, args.width, args.depth,
                                        args.seed, lr)
-    print(f"equations in the tcgemm model's gradient: tcgemm {n_tcgemm}, dot_general {n_dot} "
-          f"(expected {3 * args.depth + 2} and 0)")
-    ok = report(hist, "jnp", every, args.steps, RTOL)
-    if n_tcgemm == 0 or n_dot:
-        print("FAIL: the tcgemm model's products are not all tcgemm")
-        return 1
-    print("OK" if ok else "FAIL")
-    return 0 if ok else 1
-
+    return mlp_verdict(hist, n_tcgemm, n_dot, args, RTOL)
 
 if __name__ == "__main__":
     sys.exit(main())

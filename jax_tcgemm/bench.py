@@ -449,6 +449,20 @@ def two_sided_row(row: dict, width: int, tail: str = "") -> str:
                    f"{row['jnp_rel_err']:>9.2e} {tail}")
 
 
+def first_two_sides(case, ops: dict, operands, mem_limit, barrier: bool, err_rows: int):
+    """The setup of a two-sided row: R (timing.choose_reps for case.flops and case.nbytes()),
+    the operands (operands(case, R) -> (R distinct a, shared tuple)), each side jitted
+    (timing.harness), each side's first product on the host, and the rows of a its error is
+    measured on (the first and last err_rows). Returns (r, a, shared, fns, firsts, rows)."""
+    per, shared = case.nbytes()
+    r = timing.choose_reps(case.flops, per, shared, mem_limit)
+    a, sh = operands(case, r)
+    fns = {side: timing.harness(op, barrier) for side, op in ops.items()}
+    firsts = {side: np.asarray(f(a, *sh)[0]) for side, f in fns.items()}
+    rows = np.unique(np.r_[0:min(err_rows, case.m), max(0, case.m - err_rows):case.m])
+    return r, a, sh, fns, firsts, rows
+
+
 def time_two_sides(fns: dict, args: tuple, reps: int, r: int, flops: int, errs: dict,
                    tol: float) -> dict:
     """Times the sides {name: jitted fn} interleaved (timing.time_fns, medians) and returns the

@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench, timing
+from . import bench
 
 # name, M, N, K, precision (a lax precision name or a DotAlgorithmPreset name), layout of b
 ROWS = (
@@ -133,12 +133,8 @@ def run_case(case: F32Case, reps: int = 9, mem_limit: int | None = None,
     row = {"suite": case.suite, "name": case.name, "m": case.m, "n": case.n, "k": case.k,
            "batch": 1, "dtype": "float32", "out_dtype": "float32", "layout": case.layout,
            "precision": case.precision, "config": algorithm_of(case)}
-    per, shared = case.nbytes()
-    r = timing.choose_reps(case.flops, per, shared, mem_limit)
-    a, sh = operands(case, r)
-    fns = {side: timing.harness(op, barrier) for side, op in ops(case).items()}
-    firsts = {side: np.asarray(f(a, *sh)[0]) for side, f in fns.items()}
-    rows = np.unique(np.r_[0:min(ERR_ROWS, case.m), max(0, case.m - ERR_ROWS):case.m])
+    r, a, sh, fns, firsts, rows = bench.first_two_sides(
+        case, ops(case), operands, mem_limit, barrier, ERR_ROWS)
     a0, b = np.asarray(a[0], np.float64)[rows], np.asarray(sh[0], np.float64)
     want = a0 @ (b.T if case.layout == "NT" else b)
     scale = max(float(np.abs(want).max()), 1e-300)

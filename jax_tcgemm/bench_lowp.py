@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench, timing
+from . import bench
 
 # name, M, N, K, kind ("fp8", "fp8_block", "int8", "w8a8"), layout of b: "NN" (K, N), what
 # jnp.dot takes (both sides transpose it for the K-major tensor cores: ours by an XLA copy
@@ -174,12 +174,8 @@ def run_case(case: LowpCase, reps: int = 9, mem_limit: int | None = None,
            "batch": 1, "dtype": "int8" if case.kind in ("int8", "w8a8") else "float8_e4m3fn",
            "out_dtype": case.out_dtype, "layout": case.layout, "kind": case.kind,
            "config": config_of(case)}
-    per, shared = case.nbytes()
-    r = timing.choose_reps(case.flops, per, shared, mem_limit)
-    a, sh = operands(case, r)
-    fns = {side: timing.harness(op, barrier) for side, op in ops(case).items()}
-    firsts = {side: np.asarray(f(a, *sh)[0]) for side, f in fns.items()}
-    rows = np.unique(np.r_[0:min(ERR_ROWS, case.m), max(0, case.m - ERR_ROWS):case.m])
+    r, a, sh, fns, firsts, rows = bench.first_two_sides(
+        case, ops(case), operands, mem_limit, barrier, ERR_ROWS)
     host = [np.asarray(x) if x is not None else None for x in (a[0], *sh)]
     want = reference64(case, host[0], host[1], host[2], host[3], rows)
     errs = {}
