@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench
+from . import bench_suites
 
 # name, M, N, K, precision (a lax precision name or a DotAlgorithmPreset name), layout of b
 ROWS = (
@@ -133,7 +133,7 @@ def run_case(case: F32Case, reps: int = 9, mem_limit: int | None = None,
     row = {"suite": case.suite, "name": case.name, "m": case.m, "n": case.n, "k": case.k,
            "batch": 1, "dtype": "float32", "out_dtype": "float32", "layout": case.layout,
            "precision": case.precision, "config": algorithm_of(case)}
-    r, a, sh, fns, firsts, rows = bench.first_two_sides(
+    r, a, sh, fns, firsts, rows = bench_suites.first_two_sides(
         case, ops(case), operands, mem_limit, barrier, ERR_ROWS)
     a0, b = np.asarray(a[0], np.float64)[rows], np.asarray(sh[0], np.float64)
     want = a0 @ (b.T if case.layout == "NT" else b)
@@ -141,16 +141,16 @@ def run_case(case: F32Case, reps: int = 9, mem_limit: int | None = None,
     errs = {side: float(np.abs(out[rows].astype(np.float64) - want).max() / scale)
             for side, out in firsts.items()}
     del firsts
-    row.update(bench.time_two_sides(fns, (a, *sh), reps, r, case.flops, errs,
+    row.update(bench_suites.time_two_sides(fns, (a, *sh), reps, r, case.flops, errs,
                                     bound(case, errs["jnp"])))
     return row
 
 
 def format_row(row: dict) -> str:
-    return bench.two_sided_row(row, 22, row.get("config", ""))
+    return bench_suites.two_sided_row(row, 22, row.get("config", ""))
 
 
-HEADER = bench.two_sided_header(22, "TFLOP/s")
+HEADER = bench_suites.two_sided_header(22, "TFLOP/s")
 
 
 def run(args, argv=None) -> int:
@@ -160,4 +160,4 @@ def run(args, argv=None) -> int:
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
                "tcgemm (tg.dot_general) and jnp (lax.dot_general, same precision); 2 warm-up "
                f"calls, {args.reps} timed calls per side interleaved, median")
-    return bench.run_two_sided(args, argv, cases(), "f32", harness, HEADER, run_case, format_row)
+    return bench_suites.run_two_sided(args, argv, cases(), "f32", harness, HEADER, run_case, format_row)

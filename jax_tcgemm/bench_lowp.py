@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench
+from . import bench_suites
 
 # name, M, N, K, kind ("fp8", "fp8_block", "int8", "w8a8"), layout of b: "NN" (K, N), what
 # jnp.dot takes (both sides transpose it for the K-major tensor cores: ours by an XLA copy
@@ -174,7 +174,7 @@ def run_case(case: LowpCase, reps: int = 9, mem_limit: int | None = None,
            "batch": 1, "dtype": "int8" if case.kind in ("int8", "w8a8") else "float8_e4m3fn",
            "out_dtype": case.out_dtype, "layout": case.layout, "kind": case.kind,
            "config": config_of(case)}
-    r, a, sh, fns, firsts, rows = bench.first_two_sides(
+    r, a, sh, fns, firsts, rows = bench_suites.first_two_sides(
         case, ops(case), operands, mem_limit, barrier, ERR_ROWS)
     host = [np.asarray(x) if x is not None else None for x in (a[0], *sh)]
     want = reference64(case, host[0], host[1], host[2], host[3], rows)
@@ -184,15 +184,15 @@ def run_case(case: LowpCase, reps: int = 9, mem_limit: int | None = None,
         errs[side] = float(np.linalg.norm(o - want) / max(np.linalg.norm(want), 1e-300))
     del firsts
     tol = 0.0 if case.kind == "int8" else max(5e-3, 2 * errs["jnp"])
-    row.update(bench.time_two_sides(fns, (a, *sh), reps, r, case.flops, errs, tol))
+    row.update(bench_suites.time_two_sides(fns, (a, *sh), reps, r, case.flops, errs, tol))
     return row
 
 
 def format_row(row: dict) -> str:
-    return bench.two_sided_row(row, 24, f"cfg {row.get('config')}")
+    return bench_suites.two_sided_row(row, 24, f"cfg {row.get('config')}")
 
 
-HEADER = bench.two_sided_header(24, "TFLOP/s or TOP/s")
+HEADER = bench_suites.two_sided_header(24, "TFLOP/s or TOP/s")
 
 
 def run(args, argv=None) -> int:
@@ -203,5 +203,5 @@ def run(args, argv=None) -> int:
                "tcgemm (tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, "
                f"dequantise-then-dot); 2 warm-up calls, {args.reps} timed calls per side "
                "interleaved, median")
-    return bench.run_two_sided(args, argv, cases(), "lowp", harness, HEADER, run_case,
+    return bench_suites.run_two_sided(args, argv, cases(), "lowp", harness, HEADER, run_case,
                                format_row)

@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from . import bench, timing
+from . import bench, bench_suites, timing
 
 # name, G, M, K, N, sizes ("equal" or "zipf": Zipf-like with one empty group), op ("dot" or
 # "fwd_bwd": value_and_grad of silu(x @ W1[g]) @ W2[g] wrt x, W1, W2)
@@ -253,7 +253,7 @@ def run(args, argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cs = bench.filter_cases(cs, args.cases)
+    cs = bench_suites.filter_cases(cs, args.cases)
     if not cs:
         print("error: no case matches --cases", file=sys.stderr)
         return 2
@@ -267,7 +267,7 @@ def run(args, argv=None) -> int:
     def summary(rows):
         ratio, dense = (bench.geomean([r.get(f) for r in rows]) for f in ("ratio", "vs_dense"))
         return f"geomean tcgemm / lax.ragged_dot {ratio:.3f}, tcgemm / dense {dense:.3f}"
-    return bench.run_suite(args, argv, cs, "-ragged", harness, HEADER,
+    return bench_suites.run_suite(args, argv, cs, "-ragged", harness, HEADER,
                            lambda c, mem: run_case(c, args.reps, mem, not args.no_barrier),
                            format_row, summary)
 

@@ -390,7 +390,7 @@ def test_lowp_sides_and_reference(kind, layout):
 
 
 def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
-    """--suite lowp, f32 and ragged --force on tiny rows (bench.run_suite, the driver they
+    """--suite lowp, f32 and ragged --force on tiny rows (bench_suites.run_suite, the driver they
     share): every row timed on both sides, its record written, the summary line printed."""
     from jax_tcgemm import bench_f32, bench_lowp, bench_ragged
     monkeypatch.setattr(bench_f32, "cases", lambda: [

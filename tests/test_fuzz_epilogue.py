@@ -91,13 +91,16 @@ def test_fuzz_epilogue_cpu(capsys):
 
 @needs_table
 def test_epilogue_generator_covers_the_space():
-    """The 2000-case epilogue run hits every config x layout x dtype x out dtype, every config
+    """The 2000-case epilogue run hits every config x layout x dtype x out dtype (float32
+    operands, at HIGHEST: the configs with TF32 kernels), every config
     with every activation, every C form and dtype, both bias forms, traced scales and aux
     outputs, with splits, batches and sizes as the plain fuzz, within its caps."""
     cases = generate_epilogue(2000, EPI_GPU_MODE)
     names = [c.name for c in configs.CONFIGS] + [None]
     assert {(c.config, c.ta, c.tb, c.dtype, c.out_dtype) for c in cases} == set(
-        itertools.product(names, (False, True), (False, True), (F16, BF16), (F16, BF16, F32)))
+        itertools.product(names, (False, True), (False, True), (F16, BF16), (F16, BF16, F32))) | set(
+        itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], (False, True),
+                          (False, True), (F32,), (F16, BF16, F32)))
     assert {(c.config, c.activation) for c in cases} == set(itertools.product(names, ACTIVATIONS))
     assert all(c.epilogue for c in cases)
     bt_forms = {(c.c_shape == c.out_shape, c.c_shape is not None and c.c_shape[1:] == (c.m, 1),
