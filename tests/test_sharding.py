@@ -512,3 +512,18 @@ def test_epilogue_grad_under_sharding(mesh, kind, activation):
     parallel sharding: equal to the unsharded gradients, every GEMM partitioned, and nothing
     gathered where the backward's tcgemm_dact_p is partitioned too (sharding.dact_rule)."""
     check_epilogue_grad(epilogue_grad_case(mesh, kind, activation), kind)
+
+
+@pytest.mark.parametrize("precision", [None, "highest"], ids=["default", "highest"])
+def test_float32_sharded(mesh, precision):
+    """float32 operands (tcgemm_p with its precision in the params) over 4 devices: M and K
+    sharded, under jit and grad, equal to lax within float32 bounds."""
+    a, b = rand(("f32-sh-a",), (64, 48), F32), rand(("f32-sh-b",), (48, 40), F32)
+    for spec_a, spec_b in ((P("d", None), P()), (P(None, "d"), P("d", None))):
+        x = jax.device_put(a, NamedSharding(mesh, spec_a))
+        y = jax.device_put(b, NamedSharding(mesh, spec_b))
+        out = jax.jit(lambda u, v: tg.matmul(u, v, precision=precision))(x, y)
+        assert_close(out, ref64(a, b), F32, 48, f"float32 {spec_a} x {spec_b}")
+        ga = jax.jit(jax.grad(lambda u, v: tg.matmul(u, v, precision=precision).sum()))(x, y)
+        np.testing.assert_allclose(np.asarray(ga), np.broadcast_to(np.asarray(b).sum(1), a.shape),
+                                   rtol=1e-5, atol=1e-5)
