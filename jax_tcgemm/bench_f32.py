@@ -112,11 +112,11 @@ def algorithm_of(case: F32Case) -> str:
         algo = problem.f32_algorithm(problem.canonical_precision(case.lax_precision()))
         if algo is None or (algo not in problem.F32_ON_KERNELS and "forced" not in case.name):
             return f"{algo or 'lax'} (XLA)"
-        k = case.k * len(f32.TERMS[algo])
+        k = f32.concat_k(case.k, algo)
         if algo.startswith("bf16"):
             plan = configs.plan_for_device(case.m, case.n, k)
         else:
-            plan = configs.plan_f32(case.m, case.n, k + (-k % 4))
+            plan = configs.plan_f32(case.m, case.n, k)
         return f"{algo} on {plan[0]} split {plan[1]}" if plan else f"{algo} (lax)"
     except Exception:  # noqa: BLE001
         return "n/a"

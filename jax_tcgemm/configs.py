@@ -424,38 +424,40 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     return CONFIGS[best[-1]].name
 
 
-def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device"):
-    """Config name for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and int8
-    dot_general, K-major operands, one K slice), or None where no 8-bit kernel runs: compute
-    capability other than 9.0 (arch "device": the default device's), or K not a multiple of 16
-    (rows TMA cannot address). Among the rows with 8-bit kernels of that kind (Config.int8 /
-    Config.fp8), the one the cost model picks for the same product (the model counts tiles and
-    waves, which do not depend on the element size)."""
+def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split, epilogue=False):
+    """(config name, split_k) among the rows with kernels for a K-major-only operand type
+    (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute
+    capability other than 9.0 (arch "device": the default device's), K not a multiple of
+    k_multiple (16-byte rows, which TMA needs). The cost model picks as for
+    16-bit operands (tiles, waves and K slices do not depend on the element size); K splits
+    only with `split`."""
     if arch == "device":
         arch = device_arch()
-    if arch is None or tuple(arch[:2]) != (9, 0) or k % 16 != 0 or min(m, n, k) <= 0:
+    if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
-    rows = [(i, c) for i, c in enumerate(CONFIGS) if getattr(c, kind)]
-    if not rows:
+    best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
+                for i, c in enumerate(CONFIGS) if has_kernels(c)
+                for s in (splits(c, k, m) if split else (1,))
+                if competes(c, s, m, n, k, batch, epilogue)), default=None)
+    return None if best is None else (CONFIGS[best[-2]].name, best[-1])
+
+
+def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device"):
+    """Config name for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and int8
+    dot_general, K-major operands, one K slice), or None where no 8-bit kernel runs (_plan_rows:
+    compute capability other than 9.0, K not a multiple of 16; and an empty product). Among the
+    rows with 8-bit kernels of that kind (Config.int8 / Config.fp8), the one the cost model
+    picks."""
+    if min(m, n, k) <= 0:
         return None
-    best = min((*estimate(c, 1, m, n, k, 1), i) for i, c in rows)
-    return CONFIGS[best[-1]].name
+    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, split=False)
+    return None if plan is None else plan[0]
 
 
 def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | None = "device",
              epilogue: bool = False):
     """(config name, split_k) for a float32 product read as TF32 (K-major operands, K a
     multiple of 4: what the lowering makes of any float32 product), or None where no TF32
-    kernel runs (compute capability other than 9.0; arch "device": the default device's).
-    Among the rows with TF32 kernels (Config.f32), the (row, split) the cost model picks for
-    the same product (tiles, waves and K slices do not depend on the element size)."""
-    if arch == "device":
-        arch = device_arch()
-    if arch is None or tuple(arch[:2]) != (9, 0) or k % 4 != 0:
-        return None
-    rows = [(i, c) for i, c in enumerate(CONFIGS) if c.f32]
-    if not rows:
-        return None
-    best = min((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
-               for i, c in rows for s in splits(c, k, m) if competes(c, s, m, n, k, batch, epilogue))
-    return CONFIGS[best[-2]].name, best[-1]
+    kernel runs (_plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
+    the cost model picks."""
+    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, split=True, epilogue=epilogue)

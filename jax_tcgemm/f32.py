@@ -81,3 +81,10 @@ def concat_operands(a, b, algo, k_axis_a, k_axis_b):
         return pa[0], pb[0]
     return (jnp.concatenate([pa[i] for i, _ in terms], axis=k_axis_a),
             jnp.concatenate([pb[j] for _, j in terms], axis=k_axis_b))
+
+
+def concat_k(k, algo):
+    """K of the product an algorithm's parts make of a product over K (concat_operands): one
+    block of K per term, padded for the TF32 kernels to a multiple of 4 (16-byte rows)."""
+    kk = k * len(TERMS[algo])
+    return kk + (-kk % 4 if algo.startswith("tf32") else 0)

@@ -167,15 +167,13 @@ def _kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, bet
     _ffi.require()
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
-    fused = problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation)
-    tf32 = np.dtype(a_aval.dtype) == F32
+    tf32 = np.dtype(a_aval.dtype) == F32  # (always with a plan: _f32_lowering, _f32_product)
     if plan is not None:
         config, split_k = plan
-    elif tf32:
-        config, split_k = configs.plan_f32(m, n, k, bt, epilogue=fused)
     else:
         config, split_k = configs.plan_for_device(
-            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b), fused)
+            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
+            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
     pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
     # Split-K partials and packed operand copies live in a float32 workspace: an extra result
     # of the call (command buffers allow no scratch allocation inside the handler), dropped.
@@ -233,8 +231,9 @@ def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **param
         from . import configs
         a = jnp.swapaxes(a, 1, 2) if transpose_a else a
         b = b if transpose_b else jnp.swapaxes(b, 1, 2)
+        k = a.shape[2]
         a, b = f32.concat_operands(a, b, algo, 2, 2)
-        pad = -a.shape[2] % 4
+        pad = f32.concat_k(k, algo) - a.shape[2]
         if pad:
             a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
             b = jnp.pad(b, ((0, 0), (0, 0), (0, pad)))

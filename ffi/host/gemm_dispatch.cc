@@ -148,38 +148,29 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
-  const bool byte = IsByteOperand(pr.in_type);
-  if (byte) {
-    // 8-bit operands: the sm90 kernels only (wgmma), K-major A and B whose rows TMA can address,
-    // one K slice, no packing; their rows (HasByteKernels). The Python planner routes every
-    // other case through lax.
-    if (!IsByteOperand(pr.b_type)) return "8-bit A needs an 8-bit B";
+  const bool byte = IsByteOperand(pr.in_type), kmajor_only = KMajorOnly(pr.in_type);
+  if (kmajor_only) {
+    // 8-bit and float32 (TF32) operands: the sm90 kernels only (wgmma reads them K-major), A and
+    // B of the same family, rows TMA can address (16-byte multiples), no grouping or packing;
+    // K splits for float32 only; their rows (HasByteKernels, HasTf32Kernels). The Python layer
+    // routes every other case through lax (or makes the operands so).
+    const std::string what = byte ? "8-bit" : "float32";
+    if (IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
+      return what + " A needs " + what + " B";
     if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
-      return "8-bit operands run on the sm90 kernels on compute capability 9.0 only (this GPU: " +
-             std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
-    if (!a_kmajor || !b_kmajor) return "8-bit operands are read K-major: A [M][K], B [N][K]";
-    if (ragged || EffectiveSplitK(pr) > 1 || pr.pack)
-      return "8-bit operands run without grouping, K split or packing";
-    if (p.k % 16 != 0 || p.stride_a % 16 != 0 || p.stride_b % 16 != 0 || !Aligned(p.a) ||
-        !Aligned(p.b))
-      return "8-bit operands need 16-byte aligned rows (K a multiple of 16) and bases";
-    if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
-      return "an int32 result is the product of int8 operands";
-  } else if (pr.in_type == DType::kF32) {
-    // float32 operands (TF32): the sm90 kernels only, K-major A and B whose rows TMA can
-    // address (K a multiple of 4), no grouping or packing; K splits as for 16-bit operands.
-    // The Python layer routes every other case through lax (or makes the operands so).
-    if (pr.b_type != DType::kF32) return "float32 A needs a float32 B";
-    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
-      return "float32 operands run on the sm90 kernels on compute capability 9.0 only (this "
+      return what + " operands run on the sm90 kernels on compute capability 9.0 only (this "
              "GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
-    if (!a_kmajor || !b_kmajor) return "float32 operands are read K-major: A [M][K], B [N][K]";
-    if (ragged || pr.pack) return "float32 operands run without grouping or packing";
-    if (p.k % 4 != 0 || p.stride_a % 4 != 0 || p.stride_b % 4 != 0 || !Aligned(p.a) ||
-        !Aligned(p.b))
-      return "float32 operands need 16-byte aligned rows (K a multiple of 4) and bases";
+    if (!a_kmajor || !b_kmajor) return what + " operands are read K-major: A [M][K], B [N][K]";
+    if (ragged || pr.pack || (byte && EffectiveSplitK(pr) > 1))
+      return what + " operands run without grouping or packing" + (byte ? " or K split" : "");
+    const int64_t row16 = 16 / DTypeBytes(pr.in_type);  // elements in 16 bytes
+    if (p.k % row16 != 0 || p.stride_a % row16 != 0 || p.stride_b % row16 != 0 ||
+        !Aligned(p.a) || !Aligned(p.b))
+      return what + " operands need 16-byte aligned rows (K a multiple of " +
+             std::to_string(row16) + ") and bases";
   }
-  if (p.d_type == DType::kS32 && !byte) return "an int32 result is the product of int8 operands";
+  if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
+    return "an int32 result is the product of int8 operands";
   if (!byte && (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb))
     return "row, column and block scales go with 8-bit operands";
   if (ragged) {
@@ -198,7 +189,6 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
       return "ragged rows read K-major A";
   }
-  const bool kmajor_only = KMajorOnly(pr.in_type);  // (checked above: sm90, aligned)
   if (!kmajor_only && kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
