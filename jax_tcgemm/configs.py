@@ -430,14 +430,14 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split, epilogue=Fa
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
     16-bit operands (tiles, waves and K slices do not depend on the element size); K splits
-    only with `split`."""
+    as `split(config)` lists them (None: one slice)."""
     if arch == "device":
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
     best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
-                for s in (splits(c, k, m) if split else (1,))
+                for s in (split(c) if split else (1,))
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
 
@@ -450,8 +450,29 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     picks."""
     if min(m, n, k) <= 0:
         return None
-    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, split=False)
+    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, split=None)
     return None if plan is None else plan[0]
+
+
+# float32 products on the TF32 kernels: a K slice adds its k tiles' sums in order into float32
+# registers, so the rounding of that running sum grows with the tiles a slice adds (3xTF32 at
+# 256 x 256 x 65536, K' = 3K in one slice: max-norm error 1.6e-6 against float64, jnp HIGHEST
+# 8.7e-7; H100, benchmarks/NOTES.md v35). Slices are summed apart and then added by the split-K
+# reduction, which divides that growth by about sqrt(slices): a slice covers at most
+# F32_SLICE_K of K' (the K of the call: 3K for 3xTF32), as 8192^3 does in one (8.5e-7).
+F32_SLICE_K = 24576
+# Beyond that floor the cost model picks among powers of two up to MAX_SPLIT_K, each slice at
+# least F32_MIN_SLICE_K of K': a long-K product of few tiles fills the SMs with slices (the 16-bit
+# rule of at most two sm90 slices was fitted to products of 4096 or less of K).
+F32_MIN_SLICE_K = 2048
+
+
+def f32_splits(c: Config, k: int) -> tuple[int, ...]:
+    """K slice counts plan_f32 weighs for config c on a float32 product of K' = k."""
+    floor = -(-k // F32_SLICE_K)
+    out = tuple(s for s in (1, 2, 4, 8, 16, 32, 64) if s <= MAX_SPLIT_K and s >= floor
+                and (s == 1 or k // s >= F32_MIN_SLICE_K))
+    return out or (min(MAX_SPLIT_K, floor),)
 
 
 def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | None = "device",
@@ -459,5 +480,6 @@ def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | Non
     """(config name, split_k) for a float32 product read as TF32 (K-major operands, K a
     multiple of 4: what the lowering makes of any float32 product), or None where no TF32
     kernel runs (_plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
-    the cost model picks."""
-    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, split=True, epilogue=epilogue)
+    the cost model picks, split as f32_splits allows (long K: F32_SLICE_K)."""
+    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, split=lambda c: f32_splits(c, k),
+                      epilogue=epilogue)

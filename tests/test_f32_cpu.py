@@ -227,3 +227,21 @@ def test_plan_f32():
     assert {c.name for c in configs.CONFIGS if c.f32} == {
         c.name for c in configs.CONFIGS
         if c.kind == "sm90" and not c.pingpong and c.bm == 64 * c.consumers}
+
+
+@needs_module
+def test_plan_f32_long_k_slices():
+    """A float32 product's K slices cover at most F32_SLICE_K of K' (the rounding of a slice's
+    running float32 sum grows with its length), and a long-K product of few tiles fills the SMs
+    with slices; an 8192^3 3xTF32 product keeps one."""
+    cfg = {c.name: c for c in configs.CONFIGS}
+    for m, n, k in [(256, 256, 3 * 65536), (128, 4096, 3 * 32768), (2, 3, 3 * 20000)]:
+        name, split = configs.plan_f32(m, n, k, arch=(9, 0))
+        eff = configs.effective_split(cfg[name], k, split, 4)
+        assert -(-k // eff) <= configs.F32_SLICE_K, (m, n, k, name, split, eff)
+    name, split = configs.plan_f32(256, 256, 3 * 65536, arch=(9, 0))
+    assert cfg[name].tiles(256, 256) * split >= 66  # half the 132 SMs or more
+    assert configs.plan_f32(8192, 8192, 3 * 8192, arch=(9, 0))[1] == 1
+    assert all(s == 1 or k // s >= configs.F32_MIN_SLICE_K
+               for c in configs.CONFIGS for k in (4, 4096, 24576, 196608)
+               for s in configs.f32_splits(c, k))

@@ -145,7 +145,31 @@ struct Sm90Operands {
       }
     }
   }
+
+  // The promoted types' piece wgmma (64 x 128, one 32-byte k step) with A from registers
+  // (a: its fragment, load_a_frags), B K-major from shared memory.
+  __device__ __forceinline__ static void mma_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                uint64_t db, int scale_d) {
+    static_assert(kPromote, "A from registers: the promoted types' pieces");
+    if constexpr (kBytes == 4) ptx::wgmma_m64n128k8_tf32_rs(d, a, db, scale_d);
+    else
+      ptx::wgmma_m64n128k32_fp8_rs<std::is_same_v<TA, __nv_fp8_e5m2>,
+                                   std::is_same_v<TB, __nv_fp8_e5m2>>(d, a, db, scale_d);
+  }
 };
+
+// The register fragments of one m64 block of a K-major, 128-byte-swizzled A k tile (64 rows of
+// 128 bytes at `box`, 1024-byte aligned) for its four 32-byte k steps, as wgmma's A-in-registers
+// form takes them (ptx::wgmma_m64n128k32_fp8_rs): one ldmatrix.x4 per k step. Lane l gives the
+// address of row (l % 8) + 8 ((l / 8) % 2) of its warp's 16 and 16-byte chunk 2 j + l / 16;
+// the swizzle XORs the chunk with the row's index mod 8 (= l % 8).
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[4][4], uint32_t box, int t) {
+  const int lane = t % 32;
+  const uint32_t row = 16 * (t / 32) + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    ptx::ldmatrix_x4(a[j], box + row * 128 + (((2 * j + lane / 16) ^ (lane % 8)) << 4));
+}
 
 // The next k tile (k0) of one operand into its stage at `dst`: a K-major tile is one box of
 // 64 k x ROWS rows at (k0, mn0); an M/N-major one is ROWS/64 boxes of 64 (M or N) x 64 k rows
@@ -362,6 +386,10 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     if constexpr (Ops::kPromote) {
       if (p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
+    // Promoted types: two k tiles per unrolled iteration, so that the block scales loaded for
+    // the next tile land in registers of their own (one loop iteration per tile makes them
+    // one variable, copied at the top of the iteration: that copy waits for the load)
+#pragma unroll(Ops::kPromote ? 2 : 1)
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
       if constexpr (!A_KMAJOR && !B_KMAJOR) {  // (16-bit operands only)
@@ -398,14 +426,18 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         for (int h = 0; h < kHalves; ++h) csb[h] = bsb[h];
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
+          // A's fragments are read once per k tile and m64 block and serve every piece (read
+          // by each piece from shared memory, A cost a fifth more shared-memory traffic than
+          // the 16-bit kernels' n256 wgmma: NOTES v36)
+          uint32_t af[4][4];
+          load_a_frags(af, a_stage(s) + (mb0 + mb) * Tr::kBox, t);
 #pragma unroll
           for (int h = 0; h < kHalves; ++h) {
-            ptx::wgmma_fence();  // part's last reads (the previous piece) come first
+            ptx::wgmma_fence();  // part's last reads (the previous piece) and af come first
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              Ops::template mma<128, true, true>(
-                  part, smem_desc(a_stage(s) + (mb0 + mb) * Tr::kBox + 32 * j, 16, 1024),
-                  smem_desc(b_stage(s) + h * 128 * 128 + 32 * j, 16, 1024), j > 0);
+              Ops::mma_rs(part, af[j], smem_desc(b_stage(s) + h * 128 * 128 + 32 * j, 16, 1024),
+                          j > 0);
             ptx::wgmma_commit_group();
             if (mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
               load_block_scales(kt + 1);
