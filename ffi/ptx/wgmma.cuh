@@ -193,38 +193,6 @@ __device__ __forceinline__ void wgmma_m64n256k8_tf32(float (&d)[128], uint64_t d
 #endif
 }
 
-// The same fp8 and TF32 m64n128 forms with A from registers ("RS": wgmma reads only B from
-// shared memory). A's fragment, per warp w of the warpgroup rows 16w .. 16w+15 of the 64 x 32
-// bytes of K, as mma.sync's m16n8k32 (8-bit) / m16n8k8 (tf32) A fragment: a[0] row g, bytes
-// 4q .. 4q+3; a[1] row g+8; a[2] row g, bytes 16 + 4q ..; a[3] row g+8, bytes 16 + 4q ..
-// (g = lane/4, q = lane%4): what ldmatrix.x4 loads from the four 8 x 16-byte quarters (rows
-// 0-7 / 8-15 x bytes 0-15 / 16-31). a must not change until the wgmma's group completes.
-#define TCGEMM_WGMMA_RS(N, K, TYS)                                                            \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                            \
-               " wgmma.mma_async.sync.aligned.m64n" N "k" K "." TYS " {" TCGEMM_D_REGS_LO    \
-               "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"                               \
-               : TCGEMM_D_OUT64(d, 0)                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-
-template <bool A_E5M2, bool B_E5M2>
-__device__ __forceinline__ void wgmma_m64n128k32_fp8_rs(float (&d)[64], const uint32_t (&a)[4],
-                                                        uint64_t desc_b, int scale_d) {
-#if TCGEMM_SM90A
-  if constexpr (!A_E5M2 && !B_E5M2) TCGEMM_WGMMA_RS("128", "32", "f32.e4m3.e4m3");
-  else if constexpr (!A_E5M2 && B_E5M2) TCGEMM_WGMMA_RS("128", "32", "f32.e4m3.e5m2");
-  else if constexpr (A_E5M2 && !B_E5M2) TCGEMM_WGMMA_RS("128", "32", "f32.e5m2.e4m3");
-  else TCGEMM_WGMMA_RS("128", "32", "f32.e5m2.e5m2");
-#endif
-}
-
-__device__ __forceinline__ void wgmma_m64n128k8_tf32_rs(float (&d)[64], const uint32_t (&a)[4],
-                                                        uint64_t desc_b, int scale_d) {
-#if TCGEMM_SM90A
-  TCGEMM_WGMMA_RS("128", "8", "f32.tf32.tf32");
-#endif
-}
-
-#undef TCGEMM_WGMMA_RS
 #undef TCGEMM_WGMMA_K32
 #undef TCGEMM_WGMMA_KMAJOR
 #undef TCGEMM_D_OUTI64
