@@ -31,21 +31,6 @@ __device__ __forceinline__ void cp_async_cg_16_or_zero(uint32_t smem_addr, const
 #endif
 }
 
-// 4-byte copy (.ca); when `zero` is true the source is ignored (never read) and 4 zero bytes
-// are written. The sm90 kernels' block scales: staged in shared memory this way, they reach
-// registers by a shared-memory load where they are used, so no register waits for a global
-// load inside the main loop (benchmarks/NOTES.md v36).
-__device__ __forceinline__ void cp_async_ca_4_or_zero(uint32_t smem_addr, const void* gmem,
-                                                      bool zero) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n"
-      " cp.async.ca.shared.global [%0], [%1], 4, z;\n}\n" ::"r"(smem_addr),
-      "l"(gmem), "r"(int(zero))
-      : "memory");
-#endif
-}
-
 __device__ __forceinline__ void cp_async_commit_group() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");

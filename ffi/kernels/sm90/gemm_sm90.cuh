@@ -47,7 +47,6 @@
 #include "kernels/common/ragged.cuh"
 #include "kernels/sm90/epilogue_sm90.cuh"
 #include "host/gemm_params.h"
-#include "ptx/cp_async.cuh"  // cp_async_ca_4_or_zero (block scales)
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -313,7 +312,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   int s = 0;
   uint32_t phase = 0;
   Acc acc[Tr::kMB][Tr::kBN / 2];
-  // fp8 and TF32: a k tile piece's partial sums
+  // fp8: a k tile piece's partial sums, and the block scales of the next k tile (bsa: the
+  // thread's rows r and r + 8 of each m64 block; bsb: the tile's 128-column blocks)
   constexpr int kHalves = Tr::kBN / 128;
   float part[Ops::kPromote ? 64 : 1];
   // An epilogue of no more than alpha (a number, or read from the device) takes the short path
@@ -324,28 +324,19 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const float alpha = simple ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
-  // fp8 block scales (DeepSeek-V3) of a k tile, staged by cp.async in this warpgroup's
-  // epilogue panel (idle during the main loop): per warp two buffers of 32 floats (k tiles
-  // alternate), its 16 rows' scales of A then the tile's 128-column blocks' of B. Loaded into
-  // registers (a global load inside the loop), they made every k tile wait for that load: its
-  // register was copied across the loop's back edge, or moved to a uniform register (v36).
-  static_assert(!Ops::kPromote || (Tr::kMB == 1 && kHalves <= 2),
-                "block scales: one m64 block per consumer, one or two 128-column halves");
-  static_assert(kEpiBytes >= 4 * 2 * 32 * 4, "the scale buffers fit the staging panel");
-  const float* const sc_warp = reinterpret_cast<const float*>(epi) + (t / 32) * 64;
-  auto load_block_scales = [&](int kt) {  // tile kt's scales into buffer kt % 2, one group
-    const int lane = t % 32;
-    const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128, b0 = wk.n0 / 128 + lane - 16;
-    const int64_t row = wk.m0 + 64 * mb0 + (t / 32) * 16 + lane;
-    const uint32_t dst = ptx::cvta_to_shared(sc_warp + (kt % 2) * 32 + lane);
-    if (lane < 16) {
-      const bool in = row < p.m;
-      ptx::cp_async_ca_4_or_zero(dst, p.block_sa + (in ? kb * p.m + row : 0), !in);
-    } else if (lane < 16 + kHalves) {
-      const bool in = b0 < nb;
-      ptx::cp_async_ca_4_or_zero(dst, p.block_sb + (in ? kb * nb + b0 : 0), !in);
-    }
-    ptx::cp_async_commit_group();
+  float bsa[Tr::kMB][2], bsb[kHalves];
+  auto load_block_scales = [&](int kt) {
+    const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      bsb[h] = wk.n0 / 128 + h < nb ? __ldg(p.block_sb + kb * nb + wk.n0 / 128 + h) : 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < Tr::kMB; ++mb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t row = wk.m0 + 64 * (mb0 + mb) + (t >> 5) * 16 + ((t & 31) >> 2) + 8 * e;
+        bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.m + row) : 0.0f;
+      }
   };
   int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
   for (int64_t w = w_first;; w += w_step) {
@@ -369,10 +360,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = Acc(0);
     int prev = -1;
     if constexpr (Ops::kPromote) {
-      if (p.block_sa && wk.ktiles > 0) {
-        ptx::named_barrier_sync(1 + cw, 128);  // the previous item's epilogue is done with the panel
-        load_block_scales(0);
-      }
+      if (p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
@@ -398,19 +386,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       if constexpr (Ops::kPromote) {
         // fp8 and TF32: the k tile in pieces of one m64 block x 128 columns, each summed from 0
         // into `part` (4 wgmma of 32 bytes of K), then, once complete, times its block scales
-        // (fp8, DeepSeek-V3; 1 without) added to the float32 sums. The next k tile's scales are
-        // copied during this one's first piece; this one's (copied during the previous tile)
-        // are read here: the thread's rows g and g + 8 of its warp's 16, and the halves'.
-        float csa[Tr::kMB][2], csb[kHalves];
-        if (p.block_sa) {
-          ptx::cp_async_wait_group<0>();
-          __syncwarp();
-          const float* buf = sc_warp + (kt % 2) * 32;
-          csa[0][0] = buf[(t % 32) / 4];
-          csa[0][1] = buf[(t % 32) / 4 + 8];
+        // (fp8, DeepSeek-V3; 1 without) added to the float32 sums. The scales of the next k tile are loaded during
+        // this one's first piece (a global load's latency exceeds a piece's tensor-core time).
+        float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
 #pragma unroll
-          for (int h = 0; h < kHalves; ++h) csb[h] = buf[16 + h];
+        for (int mb = 0; mb < Tr::kMB; ++mb) {
+          csa[mb][0] = bsa[mb][0];
+          csa[mb][1] = bsa[mb][1];
         }
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) csb[h] = bsb[h];
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
 #pragma unroll
@@ -468,9 +453,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     }
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
-    if constexpr (Ops::kPromote) {  // every warp has read its last scales before the panel is written
-      if (p.block_sa && wk.ktiles > 0) ptx::named_barrier_sync(1 + cw, 128);
-    }
 
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
