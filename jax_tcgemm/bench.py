@@ -434,7 +434,8 @@ def cpu_demo() -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_tcgemm.bench",
                                 description="Time jax_tcgemm (tcgemm) against jnp on the GPU.")
-    p.add_argument("--suite", choices=SUITES + ("ragged", "lowp", "f32", "all"), default="all")
+    p.add_argument("--suite", choices=tuple(dict.fromkeys(SUITES + ("ragged", "lowp", "f32", "all"))),
+                   default="all")
     p.add_argument("--dtype", choices=tuple(DTYPE_CHOICES), default="both")
     p.add_argument("--json", metavar="PATH", help="default on GPU: benchmarks/results/<gpu>.json")
     p.add_argument("--plot", metavar="PATH", help="PNG bar chart of TFLOP/s per case")
