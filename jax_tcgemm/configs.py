@@ -424,20 +424,20 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     return CONFIGS[best[-1]].name
 
 
-def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split, epilogue=False):
+def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False):
     """(config name, split_k) among the rows with kernels for a K-major-only operand type
     (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
-    16-bit operands (tiles, waves and K slices do not depend on the element size); K splits
-    as `split(config)` lists them (None: one slice)."""
+    16-bit operands (tiles, waves and K slices do not depend on the element size), among the
+    K slice counts `split_counts`."""
     if arch == "device":
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
     best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
-                for s in (split(c) if split else (1,))
+                for s in split_counts
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
 
@@ -450,7 +450,7 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     picks."""
     if min(m, n, k) <= 0:
         return None
-    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, split=None)
+    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, (1,))
     return None if plan is None else plan[0]
 
 
@@ -467,12 +467,12 @@ F32_SLICE_K = 24576
 F32_MIN_SLICE_K = 2048
 
 
-def f32_splits(c: Config, k: int) -> tuple[int, ...]:
-    """K slice counts plan_f32 weighs for config c on a float32 product of K' = k."""
+def f32_splits(k: int) -> tuple[int, ...]:
+    """K slice counts plan_f32 weighs for a float32 product of K' = k (every row alike)."""
     floor = -(-k // F32_SLICE_K)
-    out = tuple(s for s in (1, 2, 4, 8, 16, 32, 64) if s <= MAX_SPLIT_K and s >= floor
-                and (s == 1 or k // s >= F32_MIN_SLICE_K))
-    return out or (min(MAX_SPLIT_K, floor),)
+    out = tuple(s for s in (1 << i for i in range(MAX_SPLIT_K.bit_length()))
+                if s >= floor and (s == 1 or k // s >= F32_MIN_SLICE_K))
+    return out or (MAX_SPLIT_K,)
 
 
 def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | None = "device",
@@ -481,5 +481,4 @@ def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | Non
     multiple of 4: what the lowering makes of any float32 product), or None where no TF32
     kernel runs (_plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
     the cost model picks, split as f32_splits allows (long K: F32_SLICE_K)."""
-    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, split=lambda c: f32_splits(c, k),
-                      epilogue=epilogue)
+    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, f32_splits(k), epilogue=epilogue)
