@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .problem import ACTIVATIONS
+from .problem import ACTIVATIONS, C_DTYPES
 
 
 def activate(name, x):
@@ -45,13 +45,14 @@ def activate_grad(name, x):
 
 def apply(acc, c, bias, scale, *, alpha, beta, activation, out_dtype, aux, **_):
     """The epilogue on the float32 product acc (B, M, N): [d] or [d, pre] (aux), rounded once.
-    c broadcasts to acc; bias is (1 | B, N) float32; scale, when given, is [alpha, beta]."""
+    c broadcasts to acc; bias is (1 | B, N), added in float32; scale, when given, is [alpha,
+    beta]."""
     al, be = (scale[0], scale[1]) if scale is not None else (alpha, beta)
     pre = acc * al
     if c is not None:
         pre = pre + be * c.astype(jnp.float32)
     if bias is not None:
-        pre = pre + bias[:, None, :]
+        pre = pre + bias.astype(jnp.float32)[:, None, :]
     d = activate(activation, pre).astype(out_dtype)
     return [d, pre.astype(out_dtype)] if aux else [d]
 
@@ -117,11 +118,13 @@ def c_operand(c, out_shape, out_dtype, fn, desc):
 
 
 def bias_operand(bias, n, fn, desc):
-    """bias (N,) of a floating dtype as float32 (1, N)."""
+    """bias (N,) of a floating dtype as (1, N): float16, bfloat16 and float32 as they are (the
+    kernels read them; no conversion pass before the product), others as float32."""
     bias = jnp.asarray(bias)
     if bias.shape != (n,):
         raise ValueError(f"jax_tcgemm.{fn}: bias must have shape ({n},) (N); got "
                          f"{bias.shape} {bias.dtype} ({desc})")
     if not jnp.issubdtype(bias.dtype, jnp.floating):
         raise TypeError(f"jax_tcgemm.{fn}: bias must be floating; got {bias.dtype}")
-    return bias.astype(jnp.float32).reshape(1, n)
+    keep = np.dtype(bias.dtype) in C_DTYPES
+    return (bias if keep else bias.astype(jnp.float32)).reshape(1, n)

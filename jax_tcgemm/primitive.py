@@ -103,9 +103,9 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
         if np.dtype(c.dtype) not in C_DTYPES:
             raise TypeError(f"tcgemm: c must be float16, bfloat16 or float32; got {c.dtype}")
     if bias is not None and (bias.ndim != 2 or bias.shape[1] != n or bias.shape[0] not in (1, bt)
-                             or np.dtype(bias.dtype) != np.float32):
-        raise ValueError(f"tcgemm: bias must be float32 (1 or {bt}, {n}); got "
-                         f"{tuple(bias.shape)} {bias.dtype}: {desc}")
+                             or np.dtype(bias.dtype) not in C_DTYPES):
+        raise ValueError(f"tcgemm: bias must be float16, bfloat16 or float32 (1 or {bt}, {n}); "
+                         f"got {tuple(bias.shape)} {bias.dtype}: {desc}")
     if scale is not None and (scale.shape != (2,) or np.dtype(scale.dtype) != np.float32):
         raise ValueError(f"tcgemm: scale must be float32 [alpha, beta]; got {tuple(scale.shape)} "
                          f"{scale.dtype}")

@@ -175,6 +175,27 @@ def test_bias_forms_and_dtypes():
     assert_close(out, gemm64(a, b, c, beta=2.0, bias=bias), F16, K, "bias and c")
 
 
+def test_bias_reaches_the_product_in_its_dtype():
+    """A float16 / bfloat16 / float32 bias is the primitive's operand as it is (the kernels read
+    it and add it in float32: no conversion pass before the product); its gradient comes back
+    in its dtype."""
+    a, b = operands(("bias_dt",), BF16, (M, K))
+    for bias_dt in (F32, F16, BF16):
+        bias = rand(("bias_dt", bias_dt.name), (N,), bias_dt)
+        f = lambda a, b, bias: tg.gemm(a, b, bias=bias, activation="gelu_tanh")  # noqa: E731
+        jx = jax.make_jaxpr(f)(a, b, bias)
+        (e,) = prims(jx, "tcgemm")
+        assert e.invars[2].aval.dtype == bias_dt and e.invars[2].aval.shape == (1, N)
+        assert not [q for q in eqns(jx) if q.primitive.name == "convert_element_type"], jx
+        loss = lambda a, b, bias: jnp.sum(f(a, b, bias).astype(F32) ** 2)  # noqa: E731
+        gb = jax.grad(loss, argnums=2)(a, b, bias)
+        assert gb.dtype == bias_dt and gb.shape == (N,)
+        want = jax.grad(lambda bias: jnp.sum(jax.nn.gelu(
+            jnp.dot(a, b, preferred_element_type=F32) + bias.astype(F32), approximate=True) ** 2)
+        )(bias)
+        assert rel_err(gb, want) < 3e-2, bias_dt
+
+
 def test_alpha_beta_static_and_traced():
     """alpha / beta as Python numbers (static params) and as traced float32 scalars under jit
     (one operand [alpha, beta]), either or both; numpy and jax scalars are arrays too."""

@@ -103,6 +103,7 @@ class Case:
     c_shape: tuple | None = None  # (1 or B, 1 or M, 1 or N)
     c_dtype: np.dtype | None = None
     bias_rows: int = 0  # 0: no bias; 1: shared (1, N); B: per item (B, N)
+    bias_dtype: np.dtype = F32  # float32, float16 or bfloat16 (the kernels read each)
     activation: str = "none"
     alpha: float = 1.0  # float32 values
     beta: float = 0.0
@@ -159,7 +160,8 @@ class Case:
         epi = ""
         if self.epilogue:
             c = "" if self.c_shape is None else f" c{self.c_shape} {self.c_dtype.name}"
-            bias = f" bias({self.bias_rows}, N)" if self.bias_rows else ""
+            bias = (f" bias({self.bias_rows}, N) {np.dtype(self.bias_dtype).name}"
+                    if self.bias_rows else "")
             ab = "traced " if self.traced else ""
             epi = (f" [{ab}alpha={self.alpha!r} beta={self.beta!r}{c}{bias} "
                    f"{self.activation}{' aux' if self.aux else ''}]")
@@ -256,7 +258,7 @@ def operands(case: Case):
     if case.c_shape is not None:
         c = rng.standard_normal(case.c_shape, np.float32).astype(case.c_dtype)
     if case.bias_rows:
-        bias = rng.standard_normal((case.bias_rows, case.n), np.float32)
+        bias = rng.standard_normal((case.bias_rows, case.n), np.float32).astype(case.bias_dtype)
     if case.traced:
         scale = np.array([case.alpha, case.beta], np.float32)
     return a, b, c, bias, scale

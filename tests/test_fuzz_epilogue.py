@@ -55,8 +55,10 @@ def _epilogue(r: random.Random, bt: int, m: int, n: int, activation: str):
     if c_shape is None and not bias_rows and alpha == 1.0 and not (traced or aux) and (
             activation == "none"):
         bias_rows = 1
+    bias_dtype = r.choice((F32, F16, BF16)) if bias_rows else F32  # drawn last: the draws
+    # above are those of the cases before bias dtypes
     return dict(c_shape=c_shape, c_dtype=c_dtype, bias_rows=bias_rows, activation=activation,
-                alpha=alpha, beta=beta, traced=traced, aux=aux)
+                alpha=alpha, beta=beta, traced=traced, aux=aux, bias_dtype=bias_dtype)
 
 
 def generate_epilogue(count: int, mode: Mode, seed: int = SEED) -> list[Case]:
@@ -110,6 +112,7 @@ def test_epilogue_generator_covers_the_space():
     assert {c.c_dtype for c in cases} == {None, F16, BF16, F32}
     assert any(c.bias_rows == 1 for c in cases)
     assert any(c.bias_rows == c.batch > 1 for c in cases)
+    assert {np.dtype(c.bias_dtype) for c in cases if c.bias_rows} == {F32, F16, BF16}
     assert any(c.traced for c in cases) and any(c.aux for c in cases)
     assert any(c.aux and c.split_k for c in cases) and any(c.batch > 65535 for c in cases)
     for c in cases:

@@ -160,11 +160,13 @@ EpiBuffers make_epilogue(int kind, DType out, int64_t B, int64_t M, int64_t N,
     x.c.upload(x.hc.data());
     ep.c = x.c.p;
   }
-  if (e.bias) {
-    x.hbias = random_buffer(DType::kF32, e.bias == 2 ? B * N : N, rng);
+  if (e.bias) {  // a shared bias in float32, a batched one in the output type (both reach
+                 // the kernels as the FFI passes them)
+    ep.bias_type = e.bias == 2 ? out : DType::kF32;
+    x.hbias = random_buffer(ep.bias_type, e.bias == 2 ? B * N : N, rng);
     x.bias = DevBuf(x.hbias.size());
     x.bias.upload(x.hbias.data());
-    ep.bias = static_cast<const float*>(x.bias.p);
+    ep.bias = x.bias.p;
     ep.bias_sb = e.bias == 2 ? N : 0;
   }
   if (e.scale) {  // the attribute fields poisoned: only the device values may be used
@@ -191,7 +193,6 @@ bool run_gemm(const Operands& ops, int cfg, int split, bool pack, int kind, DTyp
   const int64_t B = ops.batch, M = ops.m, N = ops.n, count = B * M * N;
   const EpiBuffers eb = make_epilogue(kind, out, B, M, N, rng);
   const EpilogueParams& ep = eb.ep;
-  const float* bias = reinterpret_cast<const float*>(eb.hbias.data());
   const int osz = DTypeBytes(out);
   DevBuf dd(count * osz);
   dd.poison();
@@ -255,7 +256,7 @@ bool run_gemm(const Operands& ops, int cfg, int split, bool pack, int kind, DTyp
         double pre = double(e.alpha) * ops.acc[i];
         if (e.c != CForm::kNone)
           pre += double(e.beta) * host_load(eb.hc.data(), ep.c_type, z * ep.c_sb + r * ep.c_sr + c * ep.c_sc);
-        if (e.bias) pre += bias[z * ep.bias_sb + c];
+        if (e.bias) pre += host_load(eb.hbias.data(), ep.bias_type, z * ep.bias_sb + c);
         ed.add(host_load(hd.data(), out, i), act_ref(e.act, pre));
         if (e.aux) ea.add(host_load(haux.data(), out, i), pre);
       }

@@ -51,7 +51,8 @@ struct EpilogueParams {
   const void* c = nullptr;       // nullptr: no C term
   DType c_type = DType::kF32;
   int64_t c_sb = 0, c_sr = 0, c_sc = 0;
-  const float* bias = nullptr;   // float32; nullptr: no bias
+  const void* bias = nullptr;    // nullptr: no bias
+  DType bias_type = DType::kF32; // float32, bfloat16 or float16 (added in float32)
   int64_t bias_sb = 0;           // elements between batch items' bias rows (0: shared)
   Activation act = Activation::kNone;
   void* aux = nullptr;           // pre-activation output, or nullptr

@@ -77,7 +77,7 @@ __device__ __forceinline__ float load_as_float(const void* base, DType t, int64_
     case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
     case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
     case DType::kF32: return static_cast<const float*>(base)[i];
-    default: break;  // C is float16, bfloat16 or float32 (the FFI checks)
+    default: break;  // C and bias are float16, bfloat16 or float32 (the FFI checks)
   }
   return 0.0f;
 }
@@ -116,10 +116,10 @@ __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t
       if (col + j < p.n) v[j] += s.beta * load_as_float(ep.c, ep.c_type, base + (col + j) * ep.c_sc);
   }
   if (ep.bias) {
-    const float* bias = ep.bias + z * ep.bias_sb;
+    const int64_t base = z * ep.bias_sb;
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      if (col + j < p.n) v[j] += bias[col + j];
+      if (col + j < p.n) v[j] += load_as_float(ep.bias, ep.bias_type, base + col + j);
   }
 }
 

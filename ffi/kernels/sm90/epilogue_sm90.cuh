@@ -177,12 +177,18 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const Acc (&acc)[
   for (int panel = 0; panel < kPanels; ++panel) {
     const int64_t gc = col0 + panel * 64 + q * 4;
     const int cols = static_cast<int>(max(int64_t(0), min(p.n - gc, int64_t(4))));
-    float colv[4], cols4[4];  // bias and scales of the chunk's columns (0, 1 past N)
+    float colv[4] = {}, cols4[4];  // bias and scales of the chunk's columns (0, 1 past N)
+    if (ep.bias) {
+      with_dtype(ep.bias_type, [&](auto b0) {
+        using Bias = decltype(b0);
+        const Bias* bias = static_cast<const Bias*>(ep.bias) + z * ep.bias_sb + gc;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      colv[j] = ep.bias && j < cols ? __ldg(ep.bias + z * ep.bias_sb + gc + j) : 0.0f;
-      cols4[j] = SCALED ? epi_col_scale(ep, p.n, gc + j) : 1.0f;
+        for (int j = 0; j < 4; ++j)
+          if (j < cols) colv[j] = to_float(__ldg(bias + j));
+      });
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cols4[j] = SCALED ? epi_col_scale(ep, p.n, gc + j) : 1.0f;
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
