@@ -283,7 +283,9 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     transpose_b; both float16, both bfloat16 or both float32 (run by `precision`, as in
     matmul); leading batch dims broadcast as in matmul.
     c: out_dtype or float32, broadcastable to the result (..., M, N): full, per-row (M, 1),
-    per-column (N,), with or without batch dims. bias: (N,), added in float32. activation:
+    per-column (N,), with or without batch dims. bias: (N,), added in float32 (a float16,
+    bfloat16 or float32 bias is read by the kernel as it is; other float types are converted to
+    float32 first). activation:
     None, "relu", "gelu" (erf), "gelu_tanh" or "silu". alpha, beta: Python numbers or float32
     scalars (traced values allowed). Everything is computed in float32 from the accumulator
     and rounded once to out_dtype (default: the operands' dtype). `precision`: anything
