@@ -126,5 +126,10 @@ def bias_operand(bias, n, fn, desc):
                          f"{bias.shape} {bias.dtype} ({desc})")
     if not jnp.issubdtype(bias.dtype, jnp.floating):
         raise TypeError(f"jax_tcgemm.{fn}: bias must be floating; got {bias.dtype}")
-    keep = np.dtype(bias.dtype) in C_DTYPES
-    return (bias if keep else bias.astype(jnp.float32)).reshape(1, n)
+    return kernel_bias(bias).reshape(1, n)
+
+
+def kernel_bias(bias):
+    """A floating bias as the kernels read it: float16, bfloat16 and float32 as they are (no
+    conversion pass before the product), other float types as float32."""
+    return bias if np.dtype(bias.dtype) in C_DTYPES else bias.astype(jnp.float32)

@@ -5,7 +5,7 @@ tcgemm_ragged_p(a, b, group_sizes, [bias]) -> [d]; group g owns rows [start_g, e
 
   mode 0 (ragged rows: the MoE forward and dgrad): a (M, K), b (G, K, N), or (G, N, K) with
       transpose_b; d (M, N), d[rows of g] = act(a[rows of g] @ op(b[g]) + bias[g]); rows that
-      no group owns are zeros. bias float32 (G, N).
+      no group owns are zeros. bias float16, bfloat16 or float32 (G, N), added in float32.
   mode 1 (ragged contraction: the MoE wgrad): a (M, K), b (M, N); d (G, K, N),
       d[g] = a[rows of g].T @ b[rows of g] (zeros for an empty group). No bias, no activation.
 
@@ -53,7 +53,7 @@ from jax.lax import ragged_dot_general as _lax_ragged_dot_general
 from . import _ffi, epilogue, problem, sharding
 from .ops import _as_array, _check_out_dtype, _kernel_dtype
 from .primitive import _jitted_impl, _zero, tcgemm_dbcast_p
-from .problem import ACTIVATIONS, IN_DTYPES, OUT_DTYPES
+from .problem import ACTIVATIONS, C_DTYPES, IN_DTYPES, OUT_DTYPES
 
 tcgemm_ragged_p = Primitive("tcgemm_ragged")
 tcgemm_ragged_p.multiple_results = True  # one result; the shape custom_partitioning lowers
@@ -155,8 +155,9 @@ def _abstract_eval(a, b, gs, *bias, mode, transpose_b, out_dtype, activation, ha
     if mode == 1 and (has_bias or activation != "none"):
         raise ValueError(f"tcgemm_ragged: mode 1 (the weight gradient) takes no bias or "
                          f"activation: {desc}")
-    if has_bias and (bias[0].shape != (groups, n) or np.dtype(bias[0].dtype) != F32):
-        raise ValueError(f"tcgemm_ragged: bias must be float32 (G, N) = {(groups, n)}; got "
+    if has_bias and (bias[0].shape != (groups, n) or np.dtype(bias[0].dtype) not in C_DTYPES):
+        raise ValueError(f"tcgemm_ragged: bias must be float16, bfloat16 or float32 (G, N) = "
+                         f"{(groups, n)}; got "
                          f"{tuple(bias[0].shape)} {bias[0].dtype}: {desc}")
     if plan is not None:
         from . import configs  # the table, read from the module (empty where it is not built)
@@ -196,7 +197,8 @@ def reference(a, b, gs, *bias, mode, transpose_b, out_dtype, activation="none", 
     if has_bias:  # row r gets its group's bias; rows no group owns stay 0
         group = row_groups(ends, m)
         owned = group < ends.shape[0]
-        acc = acc + jnp.where(owned[:, None], bias[0][jnp.where(owned, group, 0)], 0.0)
+        rows = bias[0].astype(jnp.float32)[jnp.where(owned, group, 0)]
+        acc = acc + jnp.where(owned[:, None], rows, 0.0)
     return [epilogue.activate(activation, acc).astype(out_dtype)]
 
 
@@ -355,7 +357,7 @@ def _transpose(cts, a, b, gs, *bias, mode, transpose_b, out_dtype, activation, h
             x, y = (g, a) if transpose_b else (a, g)
             res[1] = ragged(x, y, gs, mode=1, out_dtype=b.aval.dtype)
         if has_bias and ad.is_undefined_primal(bias[0]):
-            res[3] = _group_sums(ct, gs, (b if ua else a).dtype)
+            res[3] = _group_sums(ct, gs, (b if ua else a).dtype).astype(bias[0].aval.dtype)
     else:
         if ua:  # d a[r] = ct[g] (K, N) . b[r] (N): b against ct stored (G, K, N) as (G, N', K')
             res[0] = ragged(b, ct.astype(b.dtype), gs, transpose_b=True, out_dtype=a.aval.dtype)
@@ -505,7 +507,7 @@ def ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_
         if bias.shape != (gs.shape[0], n) or not jnp.issubdtype(bias.dtype, jnp.floating):
             raise ValueError(f"jax_tcgemm.ragged_gemm: bias must be floating (G, N) = "
                              f"{(gs.shape[0], n)}; got {bias.shape} {bias.dtype} ({desc})")
-        bias = bias.astype(jnp.float32)
+        bias = epilogue.kernel_bias(bias)
     kw = dict(mode=0, transpose_b=transpose_b, out_dtype=out_dtype,
               activation="none" if activation is None else activation,
               has_bias=bias is not None)

@@ -299,8 +299,8 @@ ERRORS = [  # (thunk, exception, message pattern)
     (lambda: rg.ragged(jnp.ones((M, K), F16), jnp.ones((M, N), F16), jnp.ones((G,), jnp.int32),
                        mode=1, activation="relu"), ValueError, "no bias or activation"),
     (lambda: rg.ragged(jnp.ones((M, K), F16), jnp.ones((G, K, N), F16),
-                       jnp.ones((G,), jnp.int32), jnp.ones((G, N), F16)), ValueError,
-     r"bias must be float32 \(G, N\)"),
+                       jnp.ones((G,), jnp.int32), jnp.ones((G, N), jnp.int32)), ValueError,
+     r"bias must be float16, bfloat16 or float32 \(G, N\)"),
     (lambda: rg.ragged(jnp.ones((M, K), F16), jnp.ones((G, K, N), F16),
                        jnp.ones((G,), jnp.int32), config=3), ValueError,
      "must name a config with grouped kernels"),
@@ -363,10 +363,11 @@ def test_grad_is_ragged_kernels_and_matches_lax(form):
 @pytest.mark.parametrize("tb", [False, True], ids=["KN", "NK"])
 def test_ragged_gemm_epilogue_and_grad(act, tb):
     """act(lhs @ rhs[g] + bias[g]) and its gradients wrt lhs, rhs and bias against float64;
-    the backward's activation derivative is one tcgemm_dact, the rest tcgemm_ragged."""
+    the backward's activation derivative is one tcgemm_dact, the rest tcgemm_ragged. A
+    bfloat16 bias (NK cases) reaches the kernel as it is, and its gradient is bfloat16."""
     gs = sizes_of("under", seed=7)
     lhs, rhs = operands(("epi", act, tb), BF16, tb=tb)
-    bias = rand(("epi-bias", act), (G, N), F32)
+    bias = rand(("epi-bias", act), (G, N), BF16 if tb else F32)
     out = jax.jit(lambda *x: tg.ragged_gemm(*x[:3], bias=x[3], activation=act, transpose_b=tb,
                                             out_dtype=F32))(lhs, rhs, gs, bias)
     assert_close(out, ragged64(lhs, rhs, gs, tb=tb, bias=bias, act=act), F32, K, "forward")
@@ -391,12 +392,14 @@ def test_ragged_gemm_epilogue_and_grad(act, tb):
         gsum[g] = g_full[s:e].sum(0)
     assert_close(da, da64, BF16, N, "d lhs")
     assert_close(db, np.swapaxes(db64, 1, 2) if tb else db64, BF16, M, "d rhs")
-    assert_close(dbias, gsum, F32, M, "d bias")
+    assert dbias.dtype == bias.dtype
+    assert_close(dbias, gsum, bias.dtype, M, "d bias")
     jx = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(lhs, rhs, bias)
     assert not [e for e in eqns(jx) if e.primitive.name in DOT_LIKE]
     assert len(prims(jx, "tcgemm_dact")) == (act is not None)
     fwd = [e for e in prims(jx, "tcgemm_ragged") if e.params["has_bias"]]
     assert len(fwd) == 1 and fwd[0].params["activation"] == "none"  # pre, then act in lax
+    assert fwd[0].invars[3].aval.dtype == bias.dtype
 
 
 def test_jvp_and_grad_of_grad():

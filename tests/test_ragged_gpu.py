@@ -192,12 +192,13 @@ def test_bias_activation(tb, config):
     for (act, od), dt in zip(itertools.product(ACTS, OUT_DTYPES), itertools.cycle(IN_DTYPES)):
         a = host_rand(("ba", act, od.name, tb), (m, k), dt, k ** -0.5)
         b = host_rand(("bb", act, od.name, tb), (5, n, k) if tb else (5, k, n), dt)
-        bias = host_rand(("bbias", act, od.name, tb), (5, n), F32)
+        bd = (F32, dt)[len(cases) % 2]  # float32 or the input type: the kernel reads either
+        bias = host_rand(("bbias", act, od.name, tb), (5, n), bd)
         fn = lambda a, b, g, bias, act=act, od=od: ragged(  # noqa: E731
             a, b, g, bias, transpose_b=tb, activation=act, out_dtype=od, config=config)
         want = ragged64(a, b, gs, tb=tb, bias=bias, act=act)
-        cases.append((f"bias+{act} {dt}->{od} [{cfg_id(config)}]", fn, (a, b, gs, bias), want,
-                      od, k, ACT_LIPSCHITZ))
+        cases.append((f"bias({bd})+{act} {dt}->{od} [{cfg_id(config)}]", fn, (a, b, gs, bias),
+                      want, od, k, ACT_LIPSCHITZ))
     check(cases)
 
 
