@@ -157,8 +157,7 @@ def _abstract_eval(a, b, gs, *bias, mode, transpose_b, out_dtype, activation, ha
                          f"activation: {desc}")
     if has_bias and (bias[0].shape != (groups, n) or np.dtype(bias[0].dtype) not in C_DTYPES):
         raise ValueError(f"tcgemm_ragged: bias must be float16, bfloat16 or float32 (G, N) = "
-                         f"{(groups, n)}; got "
-                         f"{tuple(bias[0].shape)} {bias[0].dtype}: {desc}")
+                         f"{(groups, n)}; got {tuple(bias[0].shape)} {bias[0].dtype}: {desc}")
     if plan is not None:
         from . import configs  # the table, read from the module (empty where it is not built)
         grouped = sorted(c.name for c in configs.CONFIGS if c.ragged)
@@ -295,14 +294,14 @@ def _batch_rule(args, bdims, **params):
 # the module docstring, so that the linearised products are plain tcgemm_ragged_p.
 
 def _group_sums(ct, gs, dtype):
-    """(G, N) float32 column sums of ct over each group's rows (rows no group owns: none), one
-    float32 segment sum over ct. (Through the grouped kernel against a column of ones, ct
-    rounded to the operand type as hi + lo halves, the sums were 1.6e-3 off the float64 ones on
-    an H100; a bias gradient is summed in float32, as tg.gemm's dact kernel does.)"""
-    del dtype
+    """(G, N) column sums of ct over each group's rows (rows no group owns: none), one float32
+    segment sum over ct, rounded to `dtype` (the bias's). (Through the grouped kernel against a
+    column of ones, ct rounded to the operand type as hi + lo halves, the sums were 1.6e-3 off
+    the float64 ones on an H100; a bias gradient is summed in float32, as tg.gemm's dact kernel
+    does.)"""
     m, groups = ct.shape[0], gs.shape[0]
     seg = row_groups(group_ends(gs, m), m)
-    return jax.ops.segment_sum(ct.astype(F32), seg, num_segments=groups + 1)[:groups]
+    return jax.ops.segment_sum(ct.astype(F32), seg, num_segments=groups + 1)[:groups].astype(dtype)
 
 
 def _jvp(primals, tangents, *, mode, transpose_b, out_dtype, activation, has_bias, plan):
@@ -357,7 +356,7 @@ def _transpose(cts, a, b, gs, *bias, mode, transpose_b, out_dtype, activation, h
             x, y = (g, a) if transpose_b else (a, g)
             res[1] = ragged(x, y, gs, mode=1, out_dtype=b.aval.dtype)
         if has_bias and ad.is_undefined_primal(bias[0]):
-            res[3] = _group_sums(ct, gs, (b if ua else a).dtype).astype(bias[0].aval.dtype)
+            res[3] = _group_sums(ct, gs, bias[0].aval.dtype)
     else:
         if ua:  # d a[r] = ct[g] (K, N) . b[r] (N): b against ct stored (G, K, N) as (G, N', K')
             res[0] = ragged(b, ct.astype(b.dtype), gs, transpose_b=True, out_dtype=a.aval.dtype)

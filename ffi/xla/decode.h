@@ -42,6 +42,16 @@ inline std::optional<DType> ToDType(ffi::DataType t) {
   }
 }
 
+// The epilogue's bias operand into ep (bias, bias_type): any float type of ToDType, which the
+// kernels read and add in float32; false (ep unchanged) for any other type.
+inline bool DecodeBias(const ffi::AnyBuffer& b, EpilogueParams& ep) {
+  const auto t = ToDType(b.element_type());
+  if (!t) return false;
+  ep.bias = b.untyped_data();
+  ep.bias_type = *t;
+  return true;
+}
+
 // Every element type of ours: the float ones, the 8-bit operand types and int32 results.
 inline std::optional<DType> ToAnyDType(ffi::DataType t) {
   switch (t) {

@@ -60,13 +60,11 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
     auto b = args.get<ffi::AnyBuffer>(i++);
     if (b.has_error()) return "cannot decode bias";
     const auto d = b.value().dimensions();
-    const auto t = ToDType(b.value().element_type());
-    if (!t || d.size() != 2 || d[1] != cd[2] || (d[0] != 1 && d[0] != cd[0]))
+    if (!DecodeBias(b.value(), ep) || d.size() != 2 || d[1] != cd[2] ||
+        (d[0] != 1 && d[0] != cd[0]))
       return "bias must be float16, bfloat16 or float32 (1 or B, N); got " +
              std::string(DtypeName(b.value().element_type())) + Dims(d) + " for the result" +
              Dims(cd);
-    ep.bias = b.value().untyped_data();
-    ep.bias_type = *t;
     ep.bias_sb = d[0] == cd[0] && cd[0] > 1 ? d[1] : 0;
   }
   if (has_scale) {

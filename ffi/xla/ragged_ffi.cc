@@ -82,13 +82,10 @@ ffi::Error RaggedImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     auto bias = rest.get<ffi::AnyBuffer>(0);
     if (bias.has_error()) return Invalid("ragged: cannot decode bias");
     const auto bsd = bias.value().dimensions();
-    const auto bt = ToDType(bias.value().element_type());
-    if (!bt || bsd.size() != 2 || bsd[0] != groups || bsd[1] != p.n)
+    if (!DecodeBias(bias.value(), p.epi) || bsd.size() != 2 || bsd[0] != groups || bsd[1] != p.n)
       return Invalid("ragged: bias must be float16, bfloat16 or float32 (G, N); got " +
                      std::string(DtypeName(bias.value().element_type())) + Dims(bsd) + " [" +
                      shapes() + "]");
-    p.epi.bias = bias.value().untyped_data();
-    p.epi.bias_type = *bt;
     p.epi.bias_sb = p.n;
   }
   if (d->element_count() == 0) return ffi::Error::Success();
