@@ -301,6 +301,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
   // wait on a stage two fills ahead (it would take the other's tile for its own).
   const uint32_t my_turn = 3 + cw, their_turn = 3 + (1 - cw);
+  // TF32 pieces of two cooperative warpgroups are issued in turns (named barriers 5 + c):
+  // warpgroup 1 issues a piece once warpgroup 0 has issued its own, warpgroup 0 its next once
+  // warpgroup 1 has (all but its first piece; it waits once more after its last, so the
+  // barrier's arrivals balance). Measured (benchmarks/NOTES.md v38): 3xTF32 +8-9% on H100 and
+  // H200; fp8 pieces lose 3-13% by it (both this order and warpgroup 1 waiting for warpgroup
+  // 0's piece to complete), so they issue freely.
+  constexpr bool kTurns = Ops::kPromote && Ops::kBytes == 4 && !Tr::kPingPong &&
+                          Tr::kConsumers == 2;
+  const uint32_t piece_wait = 5 + cw, piece_give = 5 + (1 - cw);
+  bool piece_first = cw == 0;
   // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
   constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
   const int zero_id = Tr::kPingPong ? t : threadIdx.x - 128;
@@ -388,6 +398,19 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         // into `part` (4 wgmma of 32 bytes of K), then, once complete, times its block scales
         // (fp8, DeepSeek-V3; 1 without) added to the float32 sums. The scales of the next k tile are loaded during
         // this one's first piece (a global load's latency exceeds a piece's tensor-core time).
+        // TF32: a piece spans two k tiles (64 of K, 8 wgmma) where two are left: half the
+        // drains. fp8 keeps one (promoted at least every 128 of K).
+        constexpr bool kPairs = Ops::kBytes == 4;
+        const bool pair = kPairs && kt + 1 < wk.ktiles;
+        const int s1 = s + 1 == Tr::kStages ? 0 : s + 1;  // the pair's second stage
+        if (pair) ptx::mbarrier_wait(full_bar(s1), phase ^ (s + 1 == Tr::kStages));
+        auto issue = [&](uint32_t stage, int mb, int h, bool first) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            Ops::template mma<128, true, true>(
+                part, smem_desc(a_stage(stage) + (mb0 + mb) * Tr::kBox + 32 * j, 16, 1024),
+                smem_desc(b_stage(stage) + h * 128 * 128 + 32 * j, 16, 1024), !first || j > 0);
+        };
         float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
@@ -400,18 +423,22 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         for (int mb = 0; mb < Tr::kMB; ++mb) {
 #pragma unroll
           for (int h = 0; h < kHalves; ++h) {
+            if constexpr (kTurns) {
+              if (!piece_first) ptx::named_barrier_sync(piece_wait, 256);
+              piece_first = false;
+            }
             ptx::wgmma_fence();  // part's last reads (the previous piece) come first
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              Ops::template mma<128, true, true>(
-                  part, smem_desc(a_stage(s) + (mb0 + mb) * Tr::kBox + 32 * j, 16, 1024),
-                  smem_desc(b_stage(s) + h * 128 * 128 + 32 * j, 16, 1024), j > 0);
+            issue(s, mb, h, true);
+            if (pair) issue(s1, mb, h, false);
             ptx::wgmma_commit_group();
+            if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
             if (mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
               load_block_scales(kt + 1);
             ptx::wgmma_wait_group<0>();
-            if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0)
+            if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0) {
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
+              if (pair) ptx::mbarrier_arrive(empty_bar(s1));
+            }
             if (p.block_sa) {
 #pragma unroll
               for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
@@ -422,6 +449,10 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               for (int i = 0; i < 64; ++i) acc[mb][64 * h + i] += part[i];
             }
           }
+        }
+        if (pair) {  // the pair's first stage; the loop's step below moves past the second
+          ++kt;
+          if (++s == Tr::kStages) { s = 0; phase ^= 1; }
         }
       } else {
         ptx::wgmma_fence();
@@ -478,6 +509,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         });
       }
     }
+  }
+  if constexpr (kTurns) {  // warpgroup 1's arrival after its last piece
+    if (cw == 0 && !piece_first) ptx::named_barrier_sync(piece_wait, 256);
   }
   if (p.ragged.mode == RaggedMode::kRows) {
     // Rows past the last group are zeros, written by all blocks' consumers.
