@@ -21,7 +21,8 @@
 // operands read K-major (wgmma's only form for them; k tiles of 128, wgmma k32):
 // int8 (int32 sums, exact; stored as int32 or, through the epilogue, as floats) and fp8 e4m3 /
 // e5m2, whose k tile sums start at 0 in registers of their own and are added into the float32
-// sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32).
+// sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32); TF32
+// sums likewise, after every two k tiles (64 of K).
 //
 // Ragged (grouped) products (p.ragged, host/gemm_params.h) walk their groups' tiles with the
 // same pipeline: a group's tiles read its B item (rows) or its k range (contraction; the k
@@ -102,11 +103,12 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
 // The operand types of an sm90 kernel: A's and B's elements (the same but for the mixed fp8
 // pairs), the accumulator type, and the wgmma of one 32-byte k step of a 64 x BN block (k16 of
 // 16-bit operands, k32 of 8-bit ones, k8 of float32 ones read as TF32). kPromote: a k tile's
-// products are summed apart (from 0) and then added into the float32 accumulators (fp8, whose
+// (TF32: two k tiles') products are summed apart (from 0) and then added into the float32
+// accumulators (fp8, whose
 // wgmma sums keep fewer bits than float32; TF32, whose wgmma float32 sums are truncated: chained
 // over all of K their error grows linearly with K, 1.6e-4 at K = 65536 for 3xTF32 against
-// 1.1e-6 for float32 FMA; summed per k tile and added with round-to-nearest FADDs it does not
-// grow: benchmarks/NOTES.md v35).
+// 1.1e-6 for float32 FMA; summed per 32 or 64 of K and added with round-to-nearest FADDs it
+// does not grow: benchmarks/NOTES.md v35, v38).
 template <typename TA, typename TB = TA>
 struct Sm90Operands {
   using A = TA;
