@@ -336,6 +336,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const float alpha = simple ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
+  // block scales: fp8 only (the FFI passes none with other operands)
+  constexpr bool kBlockScales = Ops::kBytes == 1 && !Ops::kInt;
   float bsa[Tr::kMB][2], bsb[kHalves];
   auto load_block_scales = [&](int kt) {
     const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128;
@@ -372,7 +374,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = Acc(0);
     int prev = -1;
     if constexpr (Ops::kPromote) {
-      if (p.block_sa && wk.ktiles > 0) load_block_scales(0);
+      if (kBlockScales && p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
@@ -406,12 +408,13 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         const bool pair = kPairs && kt + 1 < wk.ktiles;
         const int s1 = s + 1 == Tr::kStages ? 0 : s + 1;  // the pair's second stage
         if (pair) ptx::mbarrier_wait(full_bar(s1), phase ^ (s + 1 == Tr::kStages));
-        auto issue = [&](uint32_t stage, int mb, int h, bool first) {
+        // The second stage's descriptors: the first's plus the stages' distance (>> 4, the
+        // descriptors' address unit; the sum stays inside the 14-bit address field).
+        const int64_t pair_step = int64_t(s1 - s) * (Tr::kStageBytes >> 4);
+        auto issue = [&](uint64_t da, uint64_t db, bool first) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            Ops::template mma<128, true, true>(
-                part, smem_desc(a_stage(stage) + (mb0 + mb) * Tr::kBox + 32 * j, 16, 1024),
-                smem_desc(b_stage(stage) + h * 128 * 128 + 32 * j, 16, 1024), !first || j > 0);
+          for (int j = 0; j < 4; ++j)  // a k step: 32 bytes along the rows (2 in 16-byte units)
+            Ops::template mma<128, true, true>(part, da + 2 * j, db + 2 * j, !first || j > 0);
         };
         float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
 #pragma unroll
@@ -429,19 +432,21 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               if (!piece_first) ptx::named_barrier_sync(piece_wait, 256);
               piece_first = false;
             }
+            const uint64_t da = smem_desc(a_stage(s) + (mb0 + mb) * Tr::kBox, 16, 1024);
+            const uint64_t db = smem_desc(b_stage(s) + h * 128 * 128, 16, 1024);
             ptx::wgmma_fence();  // part's last reads (the previous piece) come first
-            issue(s, mb, h, true);
-            if (pair) issue(s1, mb, h, false);
+            issue(da, db, true);
+            if (pair) issue(da + pair_step, db + pair_step, false);
             ptx::wgmma_commit_group();
             if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
-            if (mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
+            if (kBlockScales && mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
               load_block_scales(kt + 1);
             ptx::wgmma_wait_group<0>();
             if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0) {
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
-            if (p.block_sa) {
+            if (kBlockScales && p.block_sa) {
 #pragma unroll
               for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
                 acc[mb][64 * h + i] =
