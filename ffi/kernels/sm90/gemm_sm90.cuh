@@ -306,9 +306,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // TF32 pieces of two cooperative warpgroups are issued in turns (named barriers 5 + c):
   // warpgroup 1 issues a piece once warpgroup 0 has issued its own, warpgroup 0 its next once
   // warpgroup 1 has (all but its first piece; it waits once more after its last, so the
-  // barrier's arrivals balance). Measured (benchmarks/NOTES.md v38): 3xTF32 +8-9% on H100 and
-  // H200; fp8 pieces lose 3-13% by it (both this order and warpgroup 1 waiting for warpgroup
-  // 0's piece to complete), so they issue freely.
+  // barrier's arrivals balance). fp8 pieces issue freely: in turns they were slower
+  // (benchmarks/NOTES.md v38).
   constexpr bool kTurns = Ops::kPromote && Ops::kBytes == 4 && !Tr::kPingPong &&
                           Tr::kConsumers == 2;
   const uint32_t piece_wait = 5 + cw, piece_give = 5 + (1 - cw);
