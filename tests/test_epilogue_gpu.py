@@ -357,18 +357,24 @@ def test_edge_sizes(config):
 def test_dact_kernel():
     """g = ct * act'(pre) (rounded once to g's dtype) and dbias = the column sums of g, for
     every activation, g dtype, (has_g, has_dbias) and bias_batched, ct and pre of every
-    dtype, against float64 numpy; rows and columns no multiple of the kernel's 8 x 32."""
+    dtype, against float64 numpy; rows and columns no multiple of the kernel's 8 x 32. Mixed
+    dtypes (the scalar kernel), and ct, pre and g of one dtype on rows of 16-byte multiples
+    (the vector kernel: 128-byte lines, and narrow rows of fewer chunks than a block's)."""
     ps = []
     shapes = ((3, 130, 300), (2, 1029, 97))
+    vec_shapes = ((3, 131, 264), (2, 517, 40))
     flags = [(True, True, False), (True, True, True), (True, False, False),
              (False, True, False), (False, True, True)]
-    for i, ((si, shape), act, gdt, (has_g, has_dbias, batched)) in enumerate(itertools.product(
-            enumerate(shapes), ACTIVATIONS, OUT_DTYPES, flags)):
-        if si and gdt != BF16:
-            continue  # the second shape (long columns): bfloat16 g only
-        rng = rng_of("dact", shape, act, gdt.name, has_g, has_dbias, batched)
-        ct = rng.standard_normal(shape, np.float32).astype(OUT_DTYPES[i % 3])
-        pre = (rng.standard_normal(shape, np.float32) * 3).astype(OUT_DTYPES[(i + 1) % 3])
+    combos = [(shape, act, gdt, fl, (i % 3, (i + 1) % 3)) for i, (shape, act, gdt, fl) in
+              enumerate(itertools.product(shapes, ACTIVATIONS, OUT_DTYPES, flags))
+              if shape == shapes[0] or gdt == BF16]  # the long columns: bfloat16 g only
+    same = list(OUT_DTYPES).index
+    combos += [(shape, act, gdt, fl, (same(gdt), same(gdt))) for shape, act, gdt, fl in
+               itertools.product(vec_shapes, ACTIVATIONS, OUT_DTYPES, flags)]
+    for shape, act, gdt, (has_g, has_dbias, batched), (ci, pi) in combos:
+        rng = rng_of("dact", shape, act, gdt.name, has_g, has_dbias, batched, ci, pi)
+        ct = rng.standard_normal(shape, np.float32).astype(OUT_DTYPES[ci])
+        pre = (rng.standard_normal(shape, np.float32) * 3).astype(OUT_DTYPES[pi])
         g = f64(ct) * act_grad64(act, pre)
         wants = ([g] if has_g else []) + ([g.sum(1) if batched else g.sum((0, 1))[None]]
                                           if has_dbias else [])

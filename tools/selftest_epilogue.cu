@@ -423,6 +423,22 @@ void dact_cases(bool quick, Tally& t) {
            45, rng, t);
   run_dact(Activation::kGelu, DType::kF32, DType::kF16, DType::kBF16, true, false, false, 3, 67,
            45, rng, t);
+  // the vector kernel: ct, pre and g of one type on rows of 16-byte multiples (128-byte lines;
+  // 40 columns: fewer chunks than a block's; no bias gradient: rows split over blocks)
+  for (int a = 0; a < kNumActivations; ++a)
+    for (int g = 0; g < 3; ++g)
+      for (int bb = 0; bb < 2; ++bb) {
+        if (quick && (a + g + bb) % 2) continue;
+        run_dact(Activation(a), DType(g), DType(g), DType(g), true, true, bb, 3, 131, 264, rng, t);
+      }
+  for (int g = 0; g < 3; ++g) {
+    run_dact(Activation::kGeluTanh, DType(g), DType(g), DType(g), true, true, false, 2, 517, 40,
+             rng, t);
+    run_dact(Activation::kRelu, DType(g), DType(g), DType(g), true, false, false, 2, 1031, 128,
+             rng, t);
+  }
+  run_dact(Activation::kNone, DType::kBF16, DType::kBF16, DType::kBF16, false, true, true, 3, 67,
+           48, rng, t);
   std::printf("dact%s: %d cases, %d failures\n", quick ? " (quick)" : "",
               t.passed + t.failed - passed - before, t.failed - before);
 }

@@ -40,7 +40,7 @@ __device__ __forceinline__ float activate(Activation a, float x) {
 // f(std::integral_constant<Activation, a>{}): the activation as a compile-time value, for a
 // loop that applies it to many elements (the switch outside the loop).
 template <typename F>
-__device__ __forceinline__ void with_activation(Activation a, F&& f) {
+__host__ __device__ __forceinline__ void with_activation(Activation a, F&& f) {
   using A = Activation;
   switch (a) {
     case A::kNone: f(std::integral_constant<A, A::kNone>{}); return;
@@ -51,8 +51,19 @@ __device__ __forceinline__ void with_activation(Activation a, F&& f) {
   }
 }
 
-// d act / dx at the pre-activation x (kernels/aux/dact.cu).
+// d act / dx at the pre-activation x (kernels/aux/dact.cu). FAST: the result is rounded to a
+// 16-bit type, so gelu_tanh's tanh and sech^2 may come from one fast exponential,
+// e = exp(-2|u|): tanh u = sign(u) (1 - e) / (1 + e), sech^2 u = 4 e / (1 + e)^2; both keep
+// their relative accuracy (~1e-6) where 1 - tanh^2 cancels (tanh.approx's 2^-11 would not).
+template <bool FAST = false>
 __device__ __forceinline__ float activate_grad(Activation a, float x) {
+  if (FAST && a == Activation::kGeluTanh) {
+    const float c = 0.79788456080286536f;
+    const float u = c * (x + 0.044715f * x * x * x);
+    const float e = __expf(-2.0f * fabsf(u)), r = __fdividef(1.0f, 1.0f + e);
+    const float t = copysignf((1.0f - e) * r, u), sech2 = 4.0f * e * r * r;
+    return 0.5f * (1.0f + t) + 0.5f * x * sech2 * c * (1.0f + 3.0f * 0.044715f * x * x);
+  }
   switch (a) {
     case Activation::kNone: return 1.0f;
     case Activation::kRelu: return x > 0.0f ? 1.0f : 0.0f;
