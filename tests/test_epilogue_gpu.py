@@ -105,24 +105,26 @@ def check_products(products):
     one) and asserts every output: shape and dtype, no NaN, both runs bitwise equal, error
     within bounds. Returns the number of outputs checked."""
     try:
-        results = list(zip(*_run(products)))
+        outs, agree, in_place = _run(products)
+        results = list(zip(outs, agree))
     except Exception:  # noqa: BLE001 (attributed product by product below)
         if len(products) == 1:
             raise
-        results = []
+        results, in_place = [], 0
         for p in products:
             try:
-                outs, agree, in_place = _run([p])
-                results.append((outs[0], agree[0], in_place))
+                outs, agree, n = _run([p])
+                results.append((outs[0], agree[0]))
+                in_place += n
             except Exception as e:  # noqa: BLE001
-                results.append((f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", False, 0))
+                results.append((f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", False))
     n_out = sum(len(p.wants) for p in products)
-    if sum(r[2] for r in results) < n_out:
-        warnings.warn(f"{n_out - sum(r[2] for r in results)} of {n_out} outputs were not "
+    if in_place < n_out:
+        warnings.warn(f"{n_out - in_place} of {n_out} outputs were not "
                       "written into their NaN-poisoned buffers; unwritten elements there are "
                       "caught only by the comparison with the reference")
     fails = []
-    for p, (outs, agree, _) in zip(products, results):
+    for p, (outs, agree) in zip(products, results):
         if isinstance(outs, str):
             fails.append(f"{p.what}: {outs}")
             continue
@@ -392,6 +394,46 @@ def test_dact_kernel():
             ps.append(Product(what + " dbias", lambda a, p, f=fn: f(a, p)[-1:], (ct, pre_op),
                               wants[-1:], F32, 1, slack=bound(gdt) / bound(F32)))
     check_products(ps)
+
+
+def test_dact_fuzz():
+    """TCGEMM_FUZZ_DACT_CASES (default 300) random tcgemm_dact calls against float64: batch,
+    rows (1 to ~3000) and columns (multiples of 8 and 4, and any) drawn at random, mostly ct,
+    pre and g of one dtype (the vector kernel, all its block shapes and row splits), the rest
+    mixed (the scalar kernel); every activation and (has_g, has_dbias, bias_batched)."""
+    import os
+    import random
+    r = random.Random(seed_of("dact_fuzz"))
+    flags = [(True, True, False), (True, True, True), (True, False, False),
+             (False, True, False), (False, True, True)]
+    ps = []
+    for case in range(int(os.environ.get("TCGEMM_FUZZ_DACT_CASES", "300"))):
+        shape = (r.choice([1, 1, 2, 3, 4]), int(np.exp(r.uniform(0, np.log(3000)))),
+                 r.choice([8 * r.randint(1, 256), 4 * r.randint(1, 160), r.randint(1, 700)]))
+        act, (has_g, has_dbias, batched) = r.choice(ACTIVATIONS), r.choice(flags)
+        gi = r.randrange(3)
+        ci, pi = (gi, gi) if r.random() < 0.7 else (r.randrange(3), r.randrange(3))
+        gdt = OUT_DTYPES[gi]
+        rng = rng_of("dact_fuzz", case)
+        ct = rng.standard_normal(shape, np.float32).astype(OUT_DTYPES[ci])
+        pre = (rng.standard_normal(shape, np.float32) * 3).astype(OUT_DTYPES[pi])
+        g = f64(ct) * act_grad64(act, pre)
+        pre_op = pre if act != "none" else np.zeros((), F16)
+        fn = (lambda a, q, act=act, gdt=gdt, hg=has_g, hd=has_dbias, bb=batched:
+              tcgemm_dact_p.bind(a, q, activation=act, has_g=hg, has_dbias=hd, g_dtype=gdt,
+                                 bias_batched=bb))
+        what = (f"dact fuzz {case}: {shape} {act} ct {ct.dtype} pre {pre.dtype} g {gdt.name} "
+                f"has_g={has_g} has_dbias={has_dbias} bias_batched={batched}")
+        if has_g:
+            ps.append(Product(what + " g", lambda a, q, f=fn: f(a, q)[:1], (ct, pre_op), [g],
+                              gdt, 1))
+        if has_dbias:
+            want = g.sum(1) if batched else g.sum((0, 1))[None]
+            ps.append(Product(what + " dbias", lambda a, q, f=fn: f(a, q)[-1:], (ct, pre_op),
+                              [want], F32, 1, slack=bound(gdt) / bound(F32)))
+    print(f"dact fuzz: {len(ps)} outputs")
+    for i in range(0, len(ps), 100):
+        check_products(ps[i:i + 100])
 
 
 # ---------------------------------------------------------------------------------------------
