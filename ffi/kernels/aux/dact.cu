@@ -141,6 +141,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 cudaError_t LaunchDactVec(const DactJob& j, cudaStream_t stream, bool* launched) {
   *launched = false;
   const bool act = j.act != Activation::kNone;
+  if (j.ct_type != DType::kF16 && j.ct_type != DType::kBF16 && j.ct_type != DType::kF32)
+    return cudaSuccess;  // (the FFI passes float types only; with_dtype would launch nothing)
   if (act && j.pre_type != j.ct_type) return cudaSuccess;
   if (j.g && j.g_type != j.ct_type) return cudaSuccess;
   const int bytes = DTypeBytes(j.ct_type), n = 16 / bytes;
