@@ -356,43 +356,52 @@ def test_edge_sizes(config):
 # ---------------------------------------------------------------------------------------------
 # The backward pass of the epilogue: tcgemm_dact_p.
 
+DACT_FLAGS = [(True, True, False), (True, True, True), (True, False, False),
+              (False, True, False), (False, True, True)]  # (has_g, has_dbias, bias_batched)
+
+
+def dact_products(tag, rng, shape, act, gdt, flags, ct_dtype, pre_dtype):
+    """The checked outputs of one tcgemm_dact call on fresh N(0, 1) ct and N(0, 9) pre: g
+    (has_g) and dbias (has_dbias; float32 sums of g, rounded to g's dtype at least where g is
+    written), against float64 numpy."""
+    has_g, has_dbias, batched = flags
+    ct = rng.standard_normal(shape, np.float32).astype(ct_dtype)
+    pre = (rng.standard_normal(shape, np.float32) * 3).astype(pre_dtype)
+    g = f64(ct) * act_grad64(act, pre)
+    # without an activation pre is not read: a scalar stands in for it, as in the AD rules
+    pre_op = pre if act != "none" else np.zeros((), F16)
+    fn = (lambda a, q: tcgemm_dact_p.bind(a, q, activation=act, has_g=has_g,
+                                          has_dbias=has_dbias, g_dtype=gdt, bias_batched=batched))
+    what = (f"{tag}: {shape} {act} ct {ct.dtype} pre {pre.dtype} g {gdt.name} "
+            f"has_g={has_g} has_dbias={has_dbias} bias_batched={batched}")
+    ps = []
+    if has_g:
+        ps.append(Product(what + " g", lambda a, q: fn(a, q)[:1], (ct, pre_op), [g], gdt, 1))
+    if has_dbias:
+        want = g.sum(1) if batched else g.sum((0, 1))[None]
+        ps.append(Product(what + " dbias", lambda a, q: fn(a, q)[-1:], (ct, pre_op), [want],
+                          F32, 1, slack=bound(gdt) / bound(F32)))
+    return ps
+
+
 def test_dact_kernel():
     """g = ct * act'(pre) (rounded once to g's dtype) and dbias = the column sums of g, for
     every activation, g dtype, (has_g, has_dbias) and bias_batched, ct and pre of every
     dtype, against float64 numpy; rows and columns no multiple of the kernel's 8 x 32. Mixed
     dtypes (the scalar kernel), and ct, pre and g of one dtype on rows of 16-byte multiples
     (the vector kernel: 128-byte lines, and narrow rows of fewer chunks than a block's)."""
-    ps = []
     shapes = ((3, 130, 300), (2, 1029, 97))
     vec_shapes = ((3, 131, 264), (2, 517, 40))
-    flags = [(True, True, False), (True, True, True), (True, False, False),
-             (False, True, False), (False, True, True)]
     combos = [(shape, act, gdt, fl, (i % 3, (i + 1) % 3)) for i, (shape, act, gdt, fl) in
-              enumerate(itertools.product(shapes, ACTIVATIONS, OUT_DTYPES, flags))
+              enumerate(itertools.product(shapes, ACTIVATIONS, OUT_DTYPES, DACT_FLAGS))
               if shape == shapes[0] or gdt == BF16]  # the long columns: bfloat16 g only
     same = list(OUT_DTYPES).index
     combos += [(shape, act, gdt, fl, (same(gdt), same(gdt))) for shape, act, gdt, fl in
-               itertools.product(vec_shapes, ACTIVATIONS, OUT_DTYPES, flags)]
-    for shape, act, gdt, (has_g, has_dbias, batched), (ci, pi) in combos:
-        rng = rng_of("dact", shape, act, gdt.name, has_g, has_dbias, batched, ci, pi)
-        ct = rng.standard_normal(shape, np.float32).astype(OUT_DTYPES[ci])
-        pre = (rng.standard_normal(shape, np.float32) * 3).astype(OUT_DTYPES[pi])
-        g = f64(ct) * act_grad64(act, pre)
-        wants = ([g] if has_g else []) + ([g.sum(1) if batched else g.sum((0, 1))[None]]
-                                          if has_dbias else [])
-        # without an activation pre is not read: a scalar stands in for it, as in the AD rules
-        pre_op = pre if act != "none" else np.zeros((), F16)
-        fn = (lambda a, p, act=act, gdt=gdt, hg=has_g, hd=has_dbias, bb=batched:
-              tcgemm_dact_p.bind(a, p, activation=act, has_g=hg, has_dbias=hd, g_dtype=gdt,
-                                 bias_batched=bb))
-        what = f"dact {shape} {act} ct {ct.dtype} pre {pre.dtype} g {gdt.name} " \
-               f"has_g={has_g} has_dbias={has_dbias} bias_batched={batched}"
-        if has_g:
-            ps.append(Product(what + " g", lambda a, p, f=fn: f(a, p)[:1], (ct, pre_op),
-                              wants[:1], gdt, 1))
-        if has_dbias:  # float32 sums of g, rounded to g's dtype (at least where g is written)
-            ps.append(Product(what + " dbias", lambda a, p, f=fn: f(a, p)[-1:], (ct, pre_op),
-                              wants[-1:], F32, 1, slack=bound(gdt) / bound(F32)))
+               itertools.product(vec_shapes, ACTIVATIONS, OUT_DTYPES, DACT_FLAGS)]
+    ps = []
+    for shape, act, gdt, fl, (ci, pi) in combos:
+        ps += dact_products("dact", rng_of("dact", shape, act, gdt.name, *fl, ci, pi), shape,
+                            act, gdt, fl, OUT_DTYPES[ci], OUT_DTYPES[pi])
     check_products(ps)
 
 
@@ -404,33 +413,15 @@ def test_dact_fuzz():
     import os
     import random
     r = random.Random(seed_of("dact_fuzz"))
-    flags = [(True, True, False), (True, True, True), (True, False, False),
-             (False, True, False), (False, True, True)]
     ps = []
     for case in range(int(os.environ.get("TCGEMM_FUZZ_DACT_CASES", "300"))):
         shape = (r.choice([1, 1, 2, 3, 4]), int(np.exp(r.uniform(0, np.log(3000)))),
                  r.choice([8 * r.randint(1, 256), 4 * r.randint(1, 160), r.randint(1, 700)]))
-        act, (has_g, has_dbias, batched) = r.choice(ACTIVATIONS), r.choice(flags)
+        act, fl = r.choice(ACTIVATIONS), r.choice(DACT_FLAGS)
         gi = r.randrange(3)
         ci, pi = (gi, gi) if r.random() < 0.7 else (r.randrange(3), r.randrange(3))
-        gdt = OUT_DTYPES[gi]
-        rng = rng_of("dact_fuzz", case)
-        ct = rng.standard_normal(shape, np.float32).astype(OUT_DTYPES[ci])
-        pre = (rng.standard_normal(shape, np.float32) * 3).astype(OUT_DTYPES[pi])
-        g = f64(ct) * act_grad64(act, pre)
-        pre_op = pre if act != "none" else np.zeros((), F16)
-        fn = (lambda a, q, act=act, gdt=gdt, hg=has_g, hd=has_dbias, bb=batched:
-              tcgemm_dact_p.bind(a, q, activation=act, has_g=hg, has_dbias=hd, g_dtype=gdt,
-                                 bias_batched=bb))
-        what = (f"dact fuzz {case}: {shape} {act} ct {ct.dtype} pre {pre.dtype} g {gdt.name} "
-                f"has_g={has_g} has_dbias={has_dbias} bias_batched={batched}")
-        if has_g:
-            ps.append(Product(what + " g", lambda a, q, f=fn: f(a, q)[:1], (ct, pre_op), [g],
-                              gdt, 1))
-        if has_dbias:
-            want = g.sum(1) if batched else g.sum((0, 1))[None]
-            ps.append(Product(what + " dbias", lambda a, q, f=fn: f(a, q)[-1:], (ct, pre_op),
-                              [want], F32, 1, slack=bound(gdt) / bound(F32)))
+        ps += dact_products(f"dact fuzz {case}", rng_of("dact_fuzz", case), shape, act,
+                            OUT_DTYPES[gi], fl, OUT_DTYPES[ci], OUT_DTYPES[pi])
     print(f"dact fuzz: {len(ps)} outputs")
     for i in range(0, len(ps), 100):
         check_products(ps[i:i + 100])

@@ -21,8 +21,6 @@ std::string CudaError(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
 }
 
-bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 int64_t KTiles(const GemmProblem& pr) {  // k tiles of the whole K
   const int64_t bk = KTileElems(pr.config, DTypeBytes(pr.in_type));
   return (pr.params.k + bk - 1) / bk;
@@ -68,6 +66,8 @@ std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) 
 }
 
 }  // namespace
+
+int DeviceSms(int device) { return Info(device).sms; }
 
 std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device) {
   const uint64_t bit = device >= 0 && device < kMaxDevices ? uint64_t(1) << device : 0;
@@ -139,7 +139,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
 
   // 16-byte cp.async needs every row (and batch item) of both operands to start on 16 bytes:
   // leading dimensions that are multiples of 8 elements, 16-byte aligned bases.
-  const bool aligned = p.lda % 8 == 0 && p.ldb % 8 == 0 && Aligned(p.a) && Aligned(p.b);
+  const bool aligned = p.lda % 8 == 0 && p.ldb % 8 == 0 && Aligned16(p.a) && Aligned16(p.b);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaError("cudaGetDevice", e);
   const DeviceInfo dev = Info(device);
@@ -165,7 +165,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return what + " operands run without grouping or packing" + (byte ? " or K split" : "");
     const int64_t row16 = 16 / DTypeBytes(pr.in_type);  // elements in 16 bytes
     if (p.k % row16 != 0 || p.stride_a % row16 != 0 || p.stride_b % row16 != 0 ||
-        !Aligned(p.a) || !Aligned(p.b))
+        !Aligned16(p.a) || !Aligned16(p.b))
       return what + " operands need 16-byte aligned rows (K a multiple of " +
              std::to_string(row16) + ") and bases";
   }

@@ -46,6 +46,12 @@ inline KernelEntry Sm80RaggedKernel(InType t, int config, int variant) {
   return t == InType::kF16 ? RaggedKernelF16(config, variant) : RaggedKernelBF16(config, variant);
 }
 
+// Whether p is 16-byte aligned (the vector loads and stores of the launchers' fast paths).
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Multiprocessor count of `device`, asked of the runtime once per device (0 if it cannot say).
+int DeviceSms(int device);
+
 // Raises kernel fn's dynamic shared-memory limit to `bytes` on `device` once: bit `device` of
 // `done` records it (devices past 63 ask every time). Empty string, or what went wrong.
 std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device);

@@ -135,8 +135,6 @@ __global__ void __launch_bounds__(kVecThreads) dact_vec_kernel(const DactJob j, 
       j.dbias[(j.bias_batched ? int64_t(blockIdx.y) * j.cols : 0) + col + e] = part[tx * kN + e];
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Launches the vector kernel where it applies (false: it does not; the scalar kernel runs).
 cudaError_t LaunchDactVec(const DactJob& j, cudaStream_t stream, bool* launched) {
   *launched = false;
@@ -146,13 +144,11 @@ cudaError_t LaunchDactVec(const DactJob& j, cudaStream_t stream, bool* launched)
   if (act && j.pre_type != j.ct_type) return cudaSuccess;
   if (j.g && j.g_type != j.ct_type) return cudaSuccess;
   const int bytes = DTypeBytes(j.ct_type), n = 16 / bytes;
-  if (j.cols % n || !aligned16(j.ct) || (act && !aligned16(j.pre)) || (j.g && !aligned16(j.g)))
+  if (j.cols % n || !Aligned16(j.ct) || (act && !Aligned16(j.pre)) || (j.g && !Aligned16(j.g)))
     return cudaSuccess;
-  int dev = 0, sms = 0;
+  int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      e != cudaSuccess)
-    return e;
+  const int sms = std::max(1, DeviceSms(dev));  // (asked once per device)
   const int64_t chunks = j.cols / n, items = j.bias_batched ? j.batch : 1;
   // Whole 128-byte lines per row where that still gives every SM a block (narrower rows
   // otherwise): half lines cost DRAM efficiency, and twice the blocks a second wave.

@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(256) splitk_reduce_kernel(const GemmParams p,
 template <typename Out>
 cudaError_t Launch(const GemmParams& p, const float* ws, int splits, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  const auto aligned = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; };
-  const bool vec = p.n % 4 == 0 && aligned(p.d) && aligned(ws) && (!p.epi.aux || aligned(p.epi.aux));
+  const bool vec =
+      p.n % 4 == 0 && Aligned16(p.d) && Aligned16(ws) && (!p.epi.aux || Aligned16(p.epi.aux));
   const int64_t groups = vec ? p.n / 4 : p.n;  // per row
   const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>((groups + kThreads - 1) / kThreads, 1, 64)),
                   static_cast<unsigned>(std::clamp<int64_t>(p.m, 1, 65535)));
