@@ -29,7 +29,6 @@ class Config:
     warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
     consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
     pingpong: bool  # sm90: each consumer warpgroup owns whole tiles, in turn (gemm_config.inc)
-    cluster: int  # sm90: blocks of a cluster sharing B tiles by TMA multicast (1: none)
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
@@ -332,8 +331,6 @@ def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     """Whether config c with s K slices is one of plan()'s candidates for a (batch x) M x N x K
     product (rows with BM >= 64: always, but ping-pong rows only for a fused epilogue, the one
     thing they are for; skinny rows: see SKINNY_MAX_M; sliced-K rows: see above)."""
-    if c.cluster > 1:  # timed under a plan override only, until measured (NOTES v40)
-        return False
     if c.pingpong:
         return epilogue
     if c.bm >= 64:

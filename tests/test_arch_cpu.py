@@ -196,9 +196,7 @@ def test_autotune_off_by_default_uses_model(monkeypatch, tmp_path):
                    for c, s in cands)
         hopper = {c for c, _ in cands if configs.BY_NAME[c].kind == "sm90"}
         # every sm90 row but ping-pong ones (planned for fused epilogues only: competes())
-        # and cluster ones (plan overrides only)
-        assert hopper == ({c.name for c in SM90 if not c.pingpong and c.cluster == 1}
-                          if arch == (9, 0)
+        assert hopper == ({c.name for c in SM90 if not c.pingpong} if arch == (9, 0)
                           else set()), arch
         assert all(s == 1 for c, s in cands if c in hopper)
     assert autotune.candidates(16, 4096, 4096) == autotune.candidates(16, 4096, 4096, 1, None)
@@ -216,15 +214,10 @@ def test_sm90_rows():
     (Sm80Fallback in C++)."""
     assert SM90, "the module's config table has no sm90 row (TCGEMM_SM90_CONFIG)"
     for c in SM90:
-        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_[gp]\d+(_c\d+)?", c.name), c.name
+        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_[gp]\d+", c.name), c.name
         kind = "p" if c.pingpong else "g"
-        cl = f"_c{c.cluster}" if c.cluster > 1 else ""
-        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_{kind}{c.consumers}{cl}"
+        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_{kind}{c.consumers}"
         assert not c.pingpong or c.consumers == 2
-        # a cluster row: blocks sharing B by multicast, each a whole number of 64-wide boxes;
-        # no grouped products (a group boundary may split the cluster's tiles)
-        assert c.cluster in (1, 2) and (c.bn // c.cluster) % 64 == 0
-        assert c.ragged == (c.cluster == 1)
         assert (c.warps_m, c.warps_n) == (0, 0) and c.consumers >= 1
         assert c.threads == 128 * (c.consumers + 1) and c.bm % c.consumers == 0
         assert configs.blocks_per_sm(c) == 1 and configs.splits(c, 65536) == (1, 2)
@@ -246,7 +239,7 @@ def test_ping_pong_only_for_fused_epilogues(shape):
     """The ping-pong row is planned for products with a fused epilogue only (configs.competes),
     and wins the large ones on 9.0 (a cooperative row's epilogue costs _EPI_TILE_SM90 per tile
     wave); plain products plan as before, and the planner's choice never changes off 9.0."""
-    pp = {c.name for c in SM90 if c.pingpong and c.cluster == 1}
+    pp = {c.name for c in SM90 if c.pingpong}
     assert pp == {"sm90_128x128x64_s6_p2"}
     m, n, k, b = shape
     for arch in (None, (8, 0), (9, 0)):

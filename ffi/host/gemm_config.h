@@ -22,9 +22,6 @@ struct GemmConfig {
   int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1
   bool pingpong = false;  // sm90: each consumer warpgroup owns whole tiles (every consumers-th
                           // item), so one's epilogue overlaps the other's main loop
-  int cluster = 1;     // sm90: blocks of a thread block cluster that take neighbouring tiles
-                       // along M and share their B tiles (each loads 1/cluster of B and the
-                       // tensor memory accelerator multicasts it to all)
 };
 
 inline constexpr GemmConfig kConfigs[] = {
@@ -33,10 +30,7 @@ inline constexpr GemmConfig kConfigs[] = {
 #define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
 #define TCGEMM_SM90_PINGPONG_CONFIG(BM, BN, BK, S) \
   GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, 2, 1, true},
-#define TCGEMM_SM90_CLUSTER_CONFIG(BM, BN, BK, S, G, PP, CL) \
-  GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G, 1, PP != 0, CL},
 #include "gemm_config.inc"
-#undef TCGEMM_SM90_CLUSTER_CONFIG
 #undef TCGEMM_SM90_PINGPONG_CONFIG
 #undef TCGEMM_SM90_CONFIG
 #undef TCGEMM_CONFIG
@@ -47,8 +41,7 @@ inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
   if (c.kind == Kind::kSm90)
-    return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers) +
-           (c.cluster > 1 ? "_c" + std::to_string(c.cluster) : "");
+    return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers);
   return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n) +
          (c.warps_k > 1 ? "x" + std::to_string(c.warps_k) : "");
 }
@@ -79,16 +72,15 @@ constexpr int ElementLoadsRow(int cfg) {
 }
 
 // Whether config cfg runs grouped (ragged) products (host/gemm_params.h, RaggedParams): every
-// sm90 row without a cluster (its persistent scheduler; a cluster's blocks take tiles of one B
-// item and one k range, which a group boundary may split), and the sm80 rows with BK = 32, BM >= 64 and BM <= BN
+// sm90 row (its persistent scheduler), and the sm80 rows with BK = 32, BM >= 64 and BM <= BN
 // (128x256, 128x128, 64x64: one of each tile size the cost model tells apart; BK = 32 wastes
 // less of a contraction group's last k tile), whose grouped kernels
 // (kernels/sm80/kernels_ragged_*.cu) run on every GPU from sm_80 on. The planner picks among
 // these rows (configs.plan_ragged reads this through the config table).
 constexpr bool HasRaggedKernels(int cfg) {
   const GemmConfig& c = kConfigs[cfg];
-  return (c.kind == Kind::kSm90 && c.cluster == 1) ||
-         (c.kind == Kind::kSm80 && c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
+  return c.kind == Kind::kSm90 ||
+         (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
 }
 
 // Whether sm90 config cfg has kernels for 8-bit operands (K-major A and B; kernels/sm90/

@@ -41,15 +41,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
 #endif
 }
 
-// One arrival on the mbarrier at shared::cluster address `addr` (ptx::map_to_rank: another
-// block's of the cluster), releasing this thread's earlier accesses at CTA scope (the default
-// semantics; .release.cluster made each arrival a cluster-wide fence: benchmarks/NOTES.md v40).
-__device__ __forceinline__ void mbarrier_arrive_remote(uint32_t addr) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
-#endif
-}
-
 // Blocks until the phase of `bar` with parity `parity` has completed. On a freshly initialised
 // barrier parity 1 counts as completed (the phase "before" phase 0).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
@@ -82,20 +73,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-#endif
-}
-
-// tma_load_3d into the same shared offset `dst` of every block of the cluster in `mask` (bit r:
-// rank r), completing its bytes on the mbarrier at offset `bar` of each of them (the
-// .multicast::cluster form; dst and bar are this block's shared addresses).
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* map, uint32_t bar,
-                                                      int c0, int c1, int c2, uint16_t mask) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
       : "memory");
 #endif
 }

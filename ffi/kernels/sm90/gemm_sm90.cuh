@@ -48,7 +48,6 @@
 #include "kernels/common/ragged.cuh"
 #include "kernels/sm90/epilogue_sm90.cuh"
 #include "host/gemm_params.h"
-#include "ptx/cluster.cuh"
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -61,7 +60,6 @@ struct Sm90Traits {
   static constexpr int kBM = c.bm, kBN = c.bn, kBK = c.bk, kStages = c.stages;
   static constexpr int kConsumers = c.consumers;
   static constexpr bool kPingPong = c.pingpong;  // a consumer owns whole tiles, in turn
-  static constexpr int kCluster = c.cluster;      // blocks sharing B tiles (TMA multicast)
   // m64 blocks per consumer warpgroup: all of the tile's (ping-pong), or its share
   static constexpr int kMB = kPingPong ? kBM / 64 : kBM / (64 * kConsumers);
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -69,11 +67,6 @@ struct Sm90Traits {
   static constexpr int kBBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kBox = 64 * kBK * 2;  // one 64-wide box of an M/N-major tile, in bytes
-  // The share of a B tile one block of a cluster loads and multicasts: BN / kCluster of its
-  // rows (K-major; 1024-byte multiples, so the swizzle of the whole tile is kept) or of its
-  // 64-wide boxes (N-major).
-  static constexpr int kBShareN = kBN / kCluster;
-  static constexpr int kBShareBytes = kBBytes / kCluster;
   // Dynamic shared memory: the stages, one epilogue staging panel per consumer warpgroup, plus
   // slack to align the stages to 1024 bytes (the period of the 128-byte swizzle, which the
   // wgmma descriptors assume starts at offset 0).
@@ -90,8 +83,6 @@ struct Sm90Traits {
   static_assert(kBN == 128 || kBN == 256, "wgmma n128 or n256");
   static_assert(kMB * kBN / 2 <= 128, "at most 128 float32 accumulators per thread");
   static_assert(kBM <= 256 && kBN <= 256, "a TMA box spans at most 256 rows");
-  static_assert(kCluster == 1 || (kCluster == 2 && kBShareN % 64 == 0),
-                "a cluster of two blocks, each loading whole 64-wide boxes of B");
   // The block holds what ptxas allots each thread at entry (65536 / threads, in units of 8)
   // times its threads; setmaxnreg.inc would wait forever for more than that.
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <=
@@ -160,22 +151,16 @@ struct Sm90Operands {
 
 // The next k tile (k0) of one operand into its stage at `dst`: a K-major tile is one box of
 // 64 k x ROWS rows at (k0, mn0); an M/N-major one is ROWS/64 boxes of 64 (M or N) x 64 k rows
-// at (mn0 + 64 i, k0), kBox bytes apart. CLUSTER > 1: multicast into the same offsets of every
-// block of the cluster.
-template <bool KMAJOR, int ROWS, int BOX_BYTES, int CLUSTER = 1>
+// at (mn0 + 64 i, k0), kBox bytes apart.
+template <bool KMAJOR, int ROWS, int BOX_BYTES>
 __device__ __forceinline__ void tma_load_operand(uint32_t dst, const CUtensorMap* map,
                                                  uint32_t bar, int k0, int mn0, int z) {
-  auto load = [&](uint32_t d, int c0, int c1) {
-    if constexpr (CLUSTER > 1)
-      ptx::tma_load_3d_multicast(d, map, bar, c0, c1, z, uint16_t((1u << CLUSTER) - 1));
-    else
-      ptx::tma_load_3d(d, map, bar, c0, c1, z);
-  };
   if constexpr (KMAJOR) {
-    load(dst, k0, mn0);
+    ptx::tma_load_3d(dst, map, bar, k0, mn0, z);
   } else {
 #pragma unroll
-    for (int i = 0; i < ROWS / 64; ++i) load(dst + i * BOX_BYTES, mn0 + 64 * i, k0);
+    for (int i = 0; i < ROWS / 64; ++i)
+      ptx::tma_load_3d(dst + i * BOX_BYTES, map, bar, mn0 + 64 * i, k0, z);
   }
 }
 
@@ -200,16 +185,12 @@ struct Sm90Work {
 };
 
 // A block's work list: items blockIdx.x, + gridDim.x, ... in ascending order (the producer and
-// every consumer walk it alike); with clusters of CL blocks, the cluster's items (blockIdx.x /
-// CL, + gridDim.x / CL, ...), block `rank` of a cluster taking tile row CL * r + rank of the
-// item's CL tile rows (rows past M: a tile of zeros, not stored). Plain: output tile x batch
-// item x K slice (the slice outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
+// every consumer walk it alike). Plain: output tile x batch item x K slice (the slice
+// outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
 // turn, the group of an item found by walking the device group sizes (ragged_tile in
 // kernels/common/ragged.cuh: the rule both kernel families share).
-template <int BM, int BN, int BK, int CL = 1>
+template <int BM, int BN, int BK>
 struct Sm90Sched {
-  int rank = 0;  // the block's rank in its cluster (CL > 1)
-
   // Item w into r; false past the end of the list. Grouped lists walk the group sizes from
   // the first group on every call: no state is kept across the main loop, where the
   // consumers' accumulators leave no registers for it (kept in registers, a cursor made ptxas
@@ -218,12 +199,10 @@ struct Sm90Sched {
   __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) const {
     const int ktiles_all = static_cast<int>((p.k + BK - 1) / BK);
     if (p.ragged.mode == RaggedMode::kNone) {
-      const int64_t tiles_m = (p.tiles_m + CL - 1) / CL;  // rows of cluster tiles
-      const int64_t tiles = tiles_m * p.tiles_n;
+      const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
       if (w >= tiles * p.batch * p.split_k) return false;
       int64_t mt, nt;
-      raster(w % tiles, tiles_m, p.tiles_n, mt, nt);
-      mt = mt * CL + rank;
+      raster(w % tiles, p.tiles_m, p.tiles_n, mt, nt);
       const int64_t rest = w / tiles;
       r.m0 = static_cast<int>(mt * BM);
       r.n0 = static_cast<int>(nt * BN);
@@ -238,7 +217,6 @@ struct Sm90Sched {
       r.kvalid = BK;  // past K, TMA reads zeros
       return true;
     }
-    if constexpr (CL > 1) return false;  // (no grouped products on cluster rows)
     RaggedTile t;
     if (!ragged_tile<BM, BN, BK>(p, w, t)) return false;
     const bool rows_mode = p.ragged.mode == RaggedMode::kRows;
@@ -278,25 +256,15 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   auto empty_bar = [&](int s) { return ptx::cvta_to_shared(&empty[s]); };
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  // Clusters (Tr::kCluster > 1): the block's rank, and the first and step of its cluster's items
-  constexpr int kCl = Tr::kCluster;
-  const uint32_t rank = kCl > 1 ? ptx::cluster_rank() : 0;
-  const int64_t item0 = blockIdx.x / kCl, item_step = gridDim.x / kCl;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      // one arrival per consumer warpgroup that reads the stage, in every block of the
-      // cluster (each block's producer multicasts its share of B into all of them)
-      ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kCl);
+      // one arrival per consumer warpgroup that reads the stage
+      ptx::mbarrier_init(empty_bar(s), Tr::kPingPong ? 1 : Tr::kConsumers);
     }
     ptx::fence_mbarrier_init();
   }
-  if constexpr (kCl > 1) {  // no block arrives on or copies into another's uninitialised barriers
-    ptx::cluster_arrive();
-    ptx::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -305,29 +273,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::prefetch_tensormap(&map_b);
     int s = 0;
     uint32_t phase = 0;
-    Sm90Sched<Tr::kBM, Tr::kBN, kKTile, kCl> sched;
-    sched.rank = static_cast<int>(rank);
+    const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
     Sm90Work wk;
-    for (int64_t w = item0; sched.next(p, w, wk); w += item_step) {
+    for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
       for (int kt = 0; kt < wk.ktiles; ++kt) {
-        // (clusters: the stage is free in every block: empty counts all of their consumers)
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
         const int k0 = wk.kbase + kt * kKTile;
         tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
-        // B: this block's share (all of it without a cluster), into every block's stage
-        tma_load_operand<B_KMAJOR, Tr::kBShareN, Tr::kBox, kCl>(
-            b_stage(s) + rank * Tr::kBShareBytes, &map_b, full_bar(s), k0,
-            n0 + static_cast<int>(rank) * Tr::kBShareN, wk.zb);
-        if (++s == Tr::kStages) { s = 0; phase ^= 1; }
-      }
-    }
-    if constexpr (kCl > 1) {
-      // Every consumer of the cluster has released every stage (their arrivals on this
-      // block's empty barriers), before this block may exit: the last fill of each stage.
-      for (int i = 0; i < Tr::kStages; ++i) {
-        ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
+        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
@@ -341,18 +296,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
   // (the other warpgroups') are skipped.
   const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
-  const int64_t w_first = item0 + (Tr::kPingPong ? int64_t(cw) * item_step : 0);
-  const int64_t w_step = item_step * (Tr::kPingPong ? Tr::kConsumers : 1);
-  // A stage is read: one arrival on its empty barrier in every block of the cluster (each of
-  // their producers writes its share of B into this block's stage).
-  auto release = [&](int st) {
-    ptx::mbarrier_arrive(empty_bar(st));
-    if constexpr (kCl > 1) {
-#pragma unroll
-      for (int r = 1; r < kCl; ++r)
-        ptx::mbarrier_arrive_remote(ptx::map_to_rank(empty_bar(st), (rank + r) % kCl));
-    }
-  };
+  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
+  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
   // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
   // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
   // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
@@ -388,8 +333,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.row_scale &&
                       !p.epi.col_scale && p.epi.act == Activation::kNone;
   const float alpha = simple ? epi_scale(p).alpha : 1.0f;
-  Sm90Sched<Tr::kBM, Tr::kBN, kKTile, kCl> sched;
-  sched.rank = static_cast<int>(rank);
+  const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
   // block scales: fp8 only (the FFI passes none with other operands)
   constexpr bool kBlockScales = Ops::kBytes == 1 && !Ops::kInt;
@@ -407,21 +351,21 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.m + row) : 0.0f;
       }
   };
-  int64_t w_seen = item0;  // ping-pong: the block's next item not accounted for
+  int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
   for (int64_t w = w_first;; w += w_step) {
     if constexpr (Tr::kPingPong) {
-      for (; w_seen < w; w_seen += item_step) {  // another warpgroup's item: skip its stages
+      for (; w_seen < w; w_seen += gridDim.x) {  // another warpgroup's item: skip its stages
         Sm90Work other;
         if (!sched.next(p, w_seen, other)) break;
         s += other.ktiles;
         phase ^= (s / Tr::kStages) & 1;
         s %= Tr::kStages;
       }
-      w_seen = w + item_step;
+      w_seen = w + gridDim.x;
     }
     if (!sched.next(p, w, wk)) break;
     if constexpr (Tr::kPingPong) {
-      if (w >= item0 + item_step) ptx::named_barrier_sync(my_turn, 256);
+      if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
     }
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
@@ -498,8 +442,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               load_block_scales(kt + 1);
             ptx::wgmma_wait_group<0>();
             if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0) {
-              release(s);  // the stage is read
-              if (pair) release(s1);
+              ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
+              if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
             if (kBlockScales && p.block_sa) {
 #pragma unroll
@@ -535,17 +479,17 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         }
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
-        if (prev >= 0 && t == 0) release(prev);
+        if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
         prev = s;
       }
       if (++s == Tr::kStages) { s = 0; phase ^= 1; }
     }
     if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
       Sm90Work other;
-      if (sched.next(p, w + item_step, other)) ptx::named_barrier_arrive(their_turn, 256);
+      if (sched.next(p, w + gridDim.x, other)) ptx::named_barrier_arrive(their_turn, 256);
     }
     ptx::wgmma_wait_group<0>();
-    if (prev >= 0 && t == 0) release(prev);
+    if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
 
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -89,23 +87,6 @@ std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
 std::atomic<uint64_t> g_byte_configured[3][3][kNumConfigs];
 std::atomic<uint64_t> g_tf32_configured[kNumConfigs];
 
-// Clusters of kernel k resident at once on `device` (cudaOccupancyMaxActiveClusters of the
-// launch `probe`, its cluster attribute set), asked once per kernel and device.
-int MaxActiveClusters(const Sm90Entry& k, const cudaLaunchConfig_t& probe, int device) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find({k.fn, device});
-  if (it != known.end()) return it->second;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, k.fn, &probe) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  known[{k.fn, device}] = n;
-  return n;
-}
-
 }  // namespace
 
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b_type,
@@ -120,6 +101,7 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
     return "float32 operands run K-major (A as [M][K], B as [N][K]) and both float32";
   if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
+  const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
   // B's items: the groups' matrices (ragged rows), the batch, or one shared matrix.
   const int64_t b_items = p.ragged.mode == RaggedMode::kRows ? std::max(p.ragged.groups, 1)
                                                             : (p.stride_b ? p.batch : 1);
@@ -138,11 +120,6 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
     });
     if (!k.fn) return "config is not an sm90 row";
   }
-  if (ragged && k.cluster > 1) return "config " + ConfigNames()[config] + " runs no grouped products";
-  // Work items: tiles (of a cluster's k.cluster tile rows) x batch x K slices
-  const int64_t work = ragged ? int64_t(sms)
-                              : (p.tiles_m + k.cluster - 1) / k.cluster * int64_t(p.tiles_n) *
-                                    p.batch * p.split_k;
   if (work == 0) return {};
   CUtensorMap map_a, map_b;
   const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
@@ -151,7 +128,7 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
                                   p.lda, p.stride_a, a_kmajor ? k.bm : 64);
   if (err.empty())
     err = EncodeOperand(&map_b, b_type, p.b, b_cols, b_rows, b_items, p.ldb, p.stride_b,
-                        b_kmajor ? k.bn / k.cluster : 64);  // (a block's share of B)
+                        b_kmajor ? k.bn : 64);
   if (!err.empty()) return err;
 
   auto& raised = byte   ? g_byte_configured[int(in_type) - int(DType::kE4M3)]
@@ -160,32 +137,14 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
                         : g_configured[int(in_type)][config][layout];
   if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));
   GemmParams pc = p;
   void* args[] = {&pc, &map_a, &map_b};
   cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(blocks);
   launch.blockDim = dim3(k.threads);
   launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
   launch.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  // One block per SM; clusters: as many as can be resident at once (a persistent grid must
-  // not wait for a second wave: cudaOccupancyMaxActiveClusters, 66 of 2 on a 132-SM H100).
-  int64_t slots = std::max(sms, 1);
-  if (k.cluster > 1) {
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = static_cast<unsigned>(k.cluster);
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    launch.attrs = cluster;
-    launch.numAttrs = 1;
-    launch.gridDim = dim3(static_cast<unsigned>(k.cluster));
-    const int clusters = MaxActiveClusters(k, launch, device);
-    if (clusters <= 0)
-      return "config " + ConfigNames()[config] + ": no cluster of " +
-             std::to_string(k.cluster) + " blocks fits this GPU";
-    slots = clusters;
-  }
-  launch.gridDim =
-      dim3(static_cast<unsigned>(std::min<int64_t>(work, slots) * std::max(k.cluster, 1)));
   cudaError_t e = cudaLaunchKernelExC(&launch, k.fn, args);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) return std::string("sm90 kernel launch: ") + cudaGetErrorString(e);
