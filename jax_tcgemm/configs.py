@@ -29,6 +29,7 @@ class Config:
     warps_k: int  # sm80: warp groups that split every stage's K (sliced K); sm90: 1
     consumers: int  # sm90: consumer warpgroups (beside one producer warpgroup)
     pingpong: bool  # sm90: each consumer warpgroup owns whole tiles, in turn (gemm_config.inc)
+    fp8_only: bool  # sm90: kernels for the fp8 pairs only (TCGEMM_SM90_FP8_CONFIG)
     threads: int
     smem_bytes: int  # sm80: dynamic shared memory of its kernel; sm90: 0 (one block per SM)
     fallback: str  # the sm80 row that runs in its place where it cannot (itself for sm80)
@@ -54,6 +55,8 @@ def _module():
 CONFIGS: tuple[Config, ...] = (tuple(Config(**r) for r in _module().config_table())
                                if _module() is not None else ())
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
+# The rows with kernels for 16-bit operands: every row but the fp8-only ones (Has16BitKernels).
+CONFIGS16: tuple[Config, ...] = tuple(c for c in CONFIGS if not c.fp8_only)
 MAX_SPLIT_K = _module().max_split_k() if _module() is not None else 64
 MAX_CLUSTER_SPLIT = _module().max_cluster_split() if _module() is not None else 8
 
@@ -79,11 +82,11 @@ def device_arch() -> tuple[int, ...] | None:
 
 
 def configs_for(arch: tuple[int, ...] | None) -> tuple[Config, ...]:
-    """The configs worth planning with on a device of compute capability `arch` (None: not
-    known, as when tracing on a CPU): sm90 rows only on 9.0, where they run as written
-    (elsewhere they would run as their sm80 fallback)."""
+    """The configs worth planning a 16-bit product with on a device of compute capability
+    `arch` (None: not known, as when tracing on a CPU): sm90 rows only on 9.0, where they run as
+    written (elsewhere they would run as their sm80 fallback), and none with fp8 kernels only."""
     hopper = arch is not None and tuple(arch) == (9, 0)
-    return tuple(c for c in CONFIGS if c.kind == "sm80" or hopper)
+    return tuple(c for c in CONFIGS16 if c.kind == "sm80" or hopper)
 
 
 _SMS = 132  # streaming multiprocessors of an H100/H200 SXM
@@ -136,6 +139,11 @@ _SM90_SLICE = 2e-6
 # area), H100 (benchmarks/NOTES.md v32). A ping-pong row (c.pingpong) runs one warpgroup's
 # epilogue under the other's main loop: only a block's last tile shows it.
 _EPI_TILE_SM90 = 15e-6
+# The fp8-only rows (three consumer warpgroups; planned for fp8 products only): rate against
+# 128x256's on fp8, whose two warpgroups each wait for every promoted piece of a k tile and add
+# it into float32 while only the other's piece runs (H200, 8192^3 in the same harness: 1.03-1.11x
+# per-tensor, 1.02-1.09x with block scales; benchmarks/NOTES.md v41).
+_RATE_FP8_ONLY = 1.04
 
 
 def _rate(c: Config, resident: int) -> float:
@@ -144,10 +152,12 @@ def _rate(c: Config, resident: int) -> float:
     tiles: 1, 32x32: about half), smaller block tiles more global and L2 traffic (128x128:
     0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s), fewer than 8 warps per SM hide less
     latency. sm90 rows: 1.0 for 128x256 and 256x128, 0.78 for 128x128 (measured), 0.56 for
-    64x128."""
+    64x128; fp8-only rows _RATE_FP8_ONLY."""
     intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
     if c.pingpong:  # H100, 8192x16384x4096 bf16, harness: 0.91-1.02 of 128x256's rate (v32)
         return 0.97
+    if c.fp8_only:
+        return _RATE_FP8_ONLY
     if c.kind == "sm90":  # H100, 8192^3 single launch: 128x128 reaches 0.78 of 128x256
         return 0.12 + 0.88 * min(1.0, intensity)
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
@@ -424,18 +434,20 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     return CONFIGS[best[-1]].name
 
 
-def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False):
+def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False,
+               elem_bytes=2):
     """(config name, split_k) among the rows with kernels for a K-major-only operand type
     (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
     16-bit operands (tiles, waves and K slices do not depend on the element size), among the
-    K slice counts `split_counts`."""
+    K slice counts `split_counts`; `elem_bytes`: the bytes per operand element its L2 and HBM
+    traffic terms count (8-bit products: 1)."""
     if arch == "device":
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
-    best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
+    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
                 for s in split_counts
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
@@ -447,10 +459,11 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     dot_general, K-major operands, one K slice), or None where no 8-bit kernel runs (_plan_rows:
     compute capability other than 9.0, K not a multiple of 16; and an empty product). Among the
     rows with 8-bit kernels of that kind (Config.int8 / Config.fp8), the one the cost model
-    picks."""
+    picks (fp8: the fp8-only row on large squares, where its third warpgroup hides the promotion's
+    waits, 128x256 where fewer waves decide: NOTES v41)."""
     if min(m, n, k) <= 0:
         return None
-    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, (1,))
+    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, (1,), elem_bytes=1)
     return None if plan is None else plan[0]
 
 

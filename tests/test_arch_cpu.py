@@ -195,8 +195,9 @@ def test_autotune_off_by_default_uses_model(monkeypatch, tmp_path):
         assert all(c in configs.BY_NAME and s in configs.splits(configs.BY_NAME[c], 4096)
                    for c, s in cands)
         hopper = {c for c, _ in cands if configs.BY_NAME[c].kind == "sm90"}
-        # every sm90 row but ping-pong ones (planned for fused epilogues only: competes())
-        assert hopper == ({c.name for c in SM90 if not c.pingpong} if arch == (9, 0)
+        # every sm90 row but ping-pong ones (planned for fused epilogues only: competes()) and
+        # fp8-only ones (no 16-bit kernels)
+        assert hopper == ({c.name for c in SM90 if not (c.pingpong or c.fp8_only)} if arch == (9, 0)
                           else set()), arch
         assert all(s == 1 for c, s in cands if c in hopper)
     assert autotune.candidates(16, 4096, 4096) == autotune.candidates(16, 4096, 4096, 1, None)
@@ -214,10 +215,13 @@ def test_sm90_rows():
     (Sm80Fallback in C++)."""
     assert SM90, "the module's config table has no sm90 row (TCGEMM_SM90_CONFIG)"
     for c in SM90:
-        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_[gp]\d+", c.name), c.name
+        assert re.fullmatch(r"sm90_\d+x\d+x\d+_s\d+_[gp]\d+(_f8)?", c.name), c.name
         kind = "p" if c.pingpong else "g"
-        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_{kind}{c.consumers}"
+        f8 = "_f8" if c.fp8_only else ""
+        assert c.name == f"sm90_{c.bm}x{c.bn}x{c.bk}_s{c.stages}_{kind}{c.consumers}{f8}"
         assert not c.pingpong or c.consumers == 2
+        # an fp8-only row: fp8 kernels and nothing else (Has16BitKernels, HasByteKernels)
+        assert not c.fp8_only or (c.fp8 and not (c.int8 or c.f32 or c.ragged or c.pingpong))
         assert (c.warps_m, c.warps_n) == (0, 0) and c.consumers >= 1
         assert c.threads == 128 * (c.consumers + 1) and c.bm % c.consumers == 0
         assert configs.blocks_per_sm(c) == 1 and configs.splits(c, 65536) == (1, 2)
@@ -348,7 +352,7 @@ def test_device_arch():
         assert arch is None or (isinstance(arch, tuple) and all(isinstance(x, int) for x in arch))
     assert configs.configs_for(None) == configs.configs_for((8, 0)) == tuple(
         c for c in configs.CONFIGS if c.kind == "sm80")
-    assert configs.configs_for((9, 0)) == configs.CONFIGS
+    assert configs.configs_for((9, 0)) == tuple(c for c in configs.CONFIGS if not c.fp8_only)
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 64])
@@ -415,7 +419,7 @@ def test_cuda_lowering_split_k_workspace(cuda_lowering):
     """split_k > 1: the call gets a float32 workspace result of split_k * B * M * N for the
     slices that run (K = 192 is 3 k tiles of 64; with K = 9 a split of 3 leaves one slice);
     the same for an sm90 config with BK = 64 (its slices are its fallback's)."""
-    for cfg in [CFG64] + [c.name for c in SM90 if c.bk == 64]:
+    for cfg in [CFG64] + [c.name for c in SM90 if c.bk == 64 and not c.fp8_only]:
         assert configs.BY_NAME[cfg].bk == 64
         f = lambda x, y: tcgemm(x, y, out_dtype=BF16, config=cfg, split_k=3)  # noqa: B023
         (call,) = custom_calls(cuda_text(f, h(2, 5, 192), h(1, 192, 3)))

@@ -32,6 +32,7 @@ S = jax.ShapeDtypeStruct
 NO_MODULE = f"needs the compiled extension jax_tcgemm._tcgemm: {_ffi._LOAD_ERROR}"
 needs_module = pytest.mark.skipif(not _ffi.available(), reason=NO_MODULE)
 CFG0 = configs.CONFIGS[0].name if configs.CONFIGS else None
+FP8_ONLY = next((c.name for c in configs.CONFIGS if c.fp8_only), None)  # no 16-bit kernels
 SM90 = [c for c in configs.CONFIGS if c.kind == "sm90"]  # tests/test_arch_cpu.py: their rules
 CFG64 = next((c.name for c in reversed(configs.CONFIGS) if c.kind == "sm80" and c.bk == 64),
              None)  # chosen by property, not by name
@@ -222,6 +223,9 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
      ValueError, r"split_k needs a config"),
     ("tcgemm_unknown_config", lambda: tcgemm(h(1, 4, 8), h(1, 8, 3), config="nope"), ValueError,
      r"unknown config 'nope'"),
+    *([("tcgemm_fp8_only_config", lambda: tcgemm(h(1, 4, 8), h(1, 8, 3), config=FP8_ONLY),
+        ValueError, rf"config {FP8_ONLY} has kernels for fp8 operands only.*a\(1, 4, 8\) float16")]
+      if FP8_ONLY else []),
     # the epilogue operands (tg.gemm's own checks: test_epilogue_cpu.py)
     ("bind_c_not_broadcastable", lambda: bind(h(2, 4, 8), h(1, 8, 3), h(2, 4, 2, dt=F32),
                                               has_c=True), ValueError,

@@ -44,7 +44,7 @@ F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.floa
 OUT_DTYPES = (F16, BF16, F32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 LNAME = configs.layout_name
-CONFIG_NAMES = [c.name for c in configs.CONFIGS]
+CONFIG_NAMES = [c.name for c in configs.CONFIGS16]
 SPLITS = (1, 2, 4, 16)
 
 
@@ -305,10 +305,10 @@ def test_planned_paths(tag, m, n, k, dt):
 def test_decode_tiles(dt):
     """16 x 4096 x 4096: planned, and forced onto every 16-row tile with every split (cluster
     splits 2 and 4, the workspace for 16) and onto an sm90 row with split 2."""
-    skinny = [c.name for c in configs.CONFIGS if c.bm < 64]
+    skinny = [c.name for c in configs.CONFIGS16 if c.bm < 64]
     assert skinny, "no 16-row tile in the config table"
     forced = [(c, s) for c in skinny for s in SPLITS]
-    forced += [(c.name, 2) for c in configs.CONFIGS if c.kind == "sm90"][:1]
+    forced += [(c.name, 2) for c in configs.CONFIGS16 if c.kind == "sm90"][:1]
     check_products(gemm_products("decode", 16, 4096, 4096, dt, forced))
 
 
@@ -494,7 +494,7 @@ def test_overwrite_c_in_place():
     c0 = rng.standard_normal((bt, m, n), np.float32)
     ab = np.matmul(f64(a), f64(b))
     sm80 = [c.name for c in configs.CONFIGS if c.kind == "sm80" and c.bm >= 64]
-    sm90 = [c.name for c in configs.CONFIGS if c.kind == "sm90"]
+    sm90 = [c.name for c in configs.CONFIGS16 if c.kind == "sm90"]
     plans = [(None, None), (sm80[0], 1), (sm80[-1], 2), (sm80[0], 16), (sm90[0], 1),
              (sm90[-1], 2)]
     da, db, dbias = jax.device_put(a), jax.device_put(b), jax.device_put(bias)

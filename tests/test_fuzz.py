@@ -216,7 +216,7 @@ def combos(shuffle_seed) -> list:
     """Every (config or None = planned, layout, dtype, out dtype), shuffled once: float16 and
     bfloat16 operands on every config, float32 ones (3xTF32: Case.call) on the configs with
     TF32 kernels."""
-    out = list(itertools.product([c.name for c in configs.CONFIGS] + [None], LAYOUTS,
+    out = list(itertools.product([c.name for c in configs.CONFIGS16] + [None], LAYOUTS,
                                  (F16, BF16), (F16, BF16, F32)))
     out += itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], LAYOUTS,
                              (F32,), (F16, BF16, F32))
@@ -478,7 +478,7 @@ def test_generator_covers_the_space():
     shared operands, tile-edge and big sizes, and stays within its caps."""
     cases = generate(2000, GPU_MODE)
     assert {(c.config, c.ta, c.tb, c.dtype, c.out_dtype) for c in cases} == set(
-        itertools.product([c.name for c in configs.CONFIGS] + [None], (False, True),
+        itertools.product([c.name for c in configs.CONFIGS16] + [None], (False, True),
                           (False, True), (F16, BF16), (F16, BF16, F32))) | set(
         itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], (False, True),
                           (False, True), (F32,), (F16, BF16, F32)))

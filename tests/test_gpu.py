@@ -41,8 +41,8 @@ IN_DTYPES = (F16, BF16)
 OUT_DTYPES = (F16, BF16, F32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 LNAME = configs.layout_name
-CONFIG_NAMES = [c.name for c in configs.CONFIGS]
-SM90_NAMES = [c.name for c in configs.CONFIGS if c.kind == "sm90"]
+CONFIG_NAMES = [c.name for c in configs.CONFIGS16]
+SM90_NAMES = [c.name for c in configs.CONFIGS16 if c.kind == "sm90"]
 
 _tc = jax.jit(tcgemm, static_argnames=("transpose_a", "transpose_b", "out_dtype", "config",
                                         "split_k"))

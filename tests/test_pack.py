@@ -109,8 +109,8 @@ def test_packed_copies_start_aligned():
 
 @needs_module
 @pytest.mark.parametrize("config", list(dict.fromkeys(  # every third row and every sm90 row
-    [c.name for c in configs.CONFIGS[::3]]
-    + [c.name for c in configs.CONFIGS if c.kind == "sm90"])))
+    [c.name for c in configs.CONFIGS16[::3]]
+    + [c.name for c in configs.CONFIGS16 if c.kind == "sm90"])))
 def test_workspace_floats_match_handler(config):
     """configs.workspace_floats == PlanWorkspace (C++) over shapes, layouts, sharing, splits
     (sm90 configs included: their workspace is their sm80 fallback's)."""

@@ -26,7 +26,8 @@ from test_fuzz import compare
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
-CONFIG_NAMES = [c.name for c in configs.CONFIGS]
+CONFIG_NAMES = [c.name for c in configs.CONFIGS16]
+FP8_ONLY = next((c.name for c in configs.CONFIGS if c.fp8_only), None)  # no 16-bit kernels
 gpu = pytest.mark.gpu
 
 
@@ -70,6 +71,8 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
      r"tcgemm: unknown config 'sm80_1x1x1'"),
     ("empty_config", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), config=""),
      r"tcgemm: unknown config ''"),
+    *([("fp8_only_config_16bit", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), config=FP8_ONLY),
+        rf"tcgemm: config {FP8_ONLY} has kernels for fp8 operands only")] if FP8_ONLY else []),
     ("contracting_mismatch", lambda: raw_call(ok_a(), x(1, 7, 3), (1, 4, 3)),
      r"tcgemm: contracting sizes differ: a\(1, 4, 8\) transpose_a=0, b\(1, 7, 3\)"),
     ("contracting_mismatch_flags", lambda: raw_call(

@@ -574,7 +574,13 @@ def test_plan_byte():
         assert configs.plan_byte(100, 200, 1000, kind, arch=(9, 0)) is None  # K % 16
         assert configs.plan_byte(128, 128, 128, kind, arch=(8, 0)) is None
         assert configs.plan_byte(128, 128, 128, kind, arch=None) is None
+    # fp8 on large squares: the three-consumer fp8-only row; where it would need more waves
+    # (4096 x 7168: 10 against 7), 128x256; int8 never on an fp8-only row
+    fp8_only = {c.name for c in configs.CONFIGS if c.fp8_only}
+    assert fp8_only and configs.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0)) in fp8_only
+    assert configs.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == "sm90_128x256x64_s4_g2"
+    assert configs.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0)) not in fp8_only
     for c in configs.CONFIGS:  # C++'s HasByteKernels, as the table reports it
         coop = c.kind == "sm90" and not c.pingpong
-        assert c.int8 == coop, c.name
+        assert c.int8 == (coop and not c.fp8_only), c.name
         assert c.fp8 == (coop and c.bm == 64 * c.consumers), c.name

@@ -60,7 +60,7 @@ def main() -> int:
         fails += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {tag}: rel err {err:.2e} (tol {tol:.0e})", flush=True)
 
-    names = [c.name for c in configs.CONFIGS]
+    names = [c.name for c in configs.CONFIGS16]
     for cfg, (m, n, k), (ta, tb) in itertools.product(
             names, [(150, 260, 200), (33, 72, 1000)], [(False, False), (True, True)]):
         dt = jnp.float16 if ta else jnp.bfloat16

@@ -111,7 +111,7 @@ def main() -> int:
     bias = timing.random_array(key, (n,), bf16, 0.5)
     dec = {"jnp_bias_gelu_tanh": lambda x, w, b: jax.nn.gelu(jnp.dot(x, w) + b, approximate=True),
            "tg_planned": lambda x, w, b: tg.gemm(x, w, bias=b, activation="gelu_tanh")}
-    for cfg in configs.CONFIGS:
+    for cfg in configs.CONFIGS16:
         if cfg.bm > 64 and cfg.name not in _SM90:
             continue
         kt = math.ceil(k / cfg.bk)

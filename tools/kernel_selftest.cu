@@ -69,7 +69,7 @@ void plain_cases(int cc, Tally& t) {
   const int64_t shapes[][4] = {{1, 1, 1, 1},      {1, 17, 33, 65},   {1, 128, 256, 64},
                                {3, 127, 129, 255}, {2, 256, 128, 96}, {1, 200, 72, 0}};
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
-    for (int it = 0; it < (selected(cfg) ? 2 : 0); ++it)
+    for (int it = 0; it < (selected16(cfg) ? 2 : 0); ++it)
       for (int ot = 0; ot < 3; ++ot)
         for (int l = 0; l < 4; ++l)
           for (const auto& s : shapes) {
@@ -80,7 +80,7 @@ void plain_cases(int cc, Tally& t) {
   // sm90 rows past their stages, over more work items than SMs (the persistent loop), batched
   // with a shared B, split-K through the workspace; every layout, input and output type.
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
-    if (kConfigs[cfg].kind != Kind::kSm90 || !selected(cfg)) continue;
+    if (kConfigs[cfg].kind != Kind::kSm90 || !selected16(cfg)) continue;
     for (int it = 0; it < 2; ++it)
       for (int l = 0; l < 4; ++l) {
         // Multiples of 8 (TMA-addressable) but not of the tiles; layout TT: K = 393, packed.
@@ -234,14 +234,14 @@ double tflops(int64_t m, int64_t n, int64_t k, double ms) {
 void timings() {
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
     for (int64_t s : {4096, 8192})
-      if (selected(cfg))
+      if (selected16(cfg))
         std::printf("%s f16 %ld^3: %.1f TFLOP/s | bf16: %.1f TFLOP/s\n",
                     ConfigName(kConfigs[cfg]).c_str(), long(s),
                     tflops(s, s, s, time_gemm(cfg, InType::kF16, s, s, s, false, 7)),
                     tflops(s, s, s, time_gemm(cfg, InType::kBF16, s, s, s, false, 7)));
   // The unaligned case of the benchmark, packed and element-wise, next to its padded shape.
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
-    if (selected(cfg))
+    if (selected16(cfg))
       std::printf("%s f16 4095x4097x4093: packed %.1f us, element-wise %.1f us; "
                   "4096x4104x4096: %.1f us\n", ConfigName(kConfigs[cfg]).c_str(),
                   1e3 * time_gemm(cfg, InType::kF16, 4095, 4097, 4093, true, 7),
@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
                   time_graph(-1, b, m, n, k, 1));
     const char* epi = kEpiKinds[timed_kind()].name;
     for (int cfg = 0; cfg < kNumConfigs; ++cfg)
-      for (int i = 6; i < std::max(argc, 7) && selected(cfg); ++i) {
+      for (int i = 6; i < std::max(argc, 7) && selected16(cfg); ++i) {
         const int split = i < argc ? std::atoi(argv[i]) : 1;
         const double us = time_graph(cfg, b, m, n, k, split);
         std::printf("%s %ldx%ldx%ldx%ld split %d epi %s: %.2f us (%.1f TFLOP/s)\n",

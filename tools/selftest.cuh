@@ -95,6 +95,8 @@ inline bool selected(int cfg) {
   const char* f = std::getenv("SELFTEST_CONFIGS");
   return !f || ConfigName(kConfigs[cfg]).find(f) != std::string::npos;
 }
+// The selected configs with kernels for 16-bit operands (the plain and epilogue checks).
+inline bool selected16(int cfg) { return selected(cfg) && Has16BitKernels(cfg); }
 inline bool verbose() { return std::getenv("SELFTEST_VERBOSE") != nullptr; }
 
 // Pass / fail counts of every check; the final line of a run is `N passed, M failed`.

@@ -275,7 +275,7 @@ void epilogue_cases(bool quick, int cc, Tally& t) {
   const int before = t.failed;
   int cases = 0;
   for (int cfg = 0; cfg < kNumConfigs; ++cfg) {
-    if (!selected(cfg)) continue;
+    if (!selected16(cfg)) continue;
     // K of `tiles` BK-wide k tiles, the last one partial: more tiles than any row's stages;
     // split 16 leaves more than kMaxClusterSplit slices (the workspace path), 2 and 4 fewer
     // (the cluster path on sm_90). Aligned: M, N, K multiples of 8 (cp.async, TMA); unaligned:

@@ -22,6 +22,7 @@ struct GemmConfig {
   int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1
   bool pingpong = false;  // sm90: each consumer warpgroup owns whole tiles (every consumers-th
                           // item), so one's epilogue overlaps the other's main loop
+  bool fp8_only = false;  // sm90: kernels for the fp8 pairs only (HasByteKernels), none else
 };
 
 inline constexpr GemmConfig kConfigs[] = {
@@ -30,7 +31,10 @@ inline constexpr GemmConfig kConfigs[] = {
 #define TCGEMM_SM90_CONFIG(BM, BN, BK, S, G) GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G},
 #define TCGEMM_SM90_PINGPONG_CONFIG(BM, BN, BK, S) \
   GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, 2, 1, true},
+#define TCGEMM_SM90_FP8_CONFIG(BM, BN, BK, S, G) \
+  GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G, 1, false, true},
 #include "gemm_config.inc"
+#undef TCGEMM_SM90_FP8_CONFIG
 #undef TCGEMM_SM90_PINGPONG_CONFIG
 #undef TCGEMM_SM90_CONFIG
 #undef TCGEMM_CONFIG
@@ -41,7 +45,8 @@ inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
   if (c.kind == Kind::kSm90)
-    return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers);
+    return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers) +
+           (c.fp8_only ? "_f8" : "");
   return "sm80_" + tile + "_w" + std::to_string(c.warps_m) + "x" + std::to_string(c.warps_n) +
          (c.warps_k > 1 ? "x" + std::to_string(c.warps_k) : "");
 }
@@ -79,7 +84,7 @@ constexpr int ElementLoadsRow(int cfg) {
 // these rows (configs.plan_ragged reads this through the config table).
 constexpr bool HasRaggedKernels(int cfg) {
   const GemmConfig& c = kConfigs[cfg];
-  return c.kind == Kind::kSm90 ||
+  return (c.kind == Kind::kSm90 && !c.fp8_only) ||
          (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
 }
 
@@ -90,7 +95,8 @@ constexpr bool HasRaggedKernels(int cfg) {
 // spilled 44 bytes in the main loop). The planner picks among these rows (configs.plan_byte).
 constexpr bool HasByteKernels(int cfg, bool fp8) {
   const GemmConfig& c = kConfigs[cfg];
-  return c.kind == Kind::kSm90 && !c.pingpong && (!fp8 || c.bm == 64 * c.consumers);
+  return c.kind == Kind::kSm90 && !c.pingpong &&
+         (fp8 ? c.bm == 64 * c.consumers : !c.fp8_only);
 }
 
 // Whether sm90 config cfg has kernels for float32 operands (TF32 wgmma, K-major A and B;
@@ -98,8 +104,11 @@ constexpr bool HasByteKernels(int cfg, bool fp8) {
 // each (128x256, 128x128, 64x128), as for fp8. The planner picks among these (configs.plan_f32).
 constexpr bool HasTf32Kernels(int cfg) {
   const GemmConfig& c = kConfigs[cfg];
-  return c.kind == Kind::kSm90 && !c.pingpong && c.bm == 64 * c.consumers;
+  return c.kind == Kind::kSm90 && !c.pingpong && !c.fp8_only && c.bm == 64 * c.consumers;
 }
+
+// Whether config cfg has kernels for 16-bit operands: every row but the fp8-only ones.
+constexpr bool Has16BitKernels(int cfg) { return !kConfigs[cfg].fp8_only; }
 
 // Elements of one k tile of config cfg for operands of `bytes` bytes: BK counts 16-bit
 // elements; an sm90 k tile is one 128-byte swizzle row, so 8-bit operands take twice BK and

@@ -169,6 +169,8 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return what + " operands need 16-byte aligned rows (K a multiple of " +
              std::to_string(row16) + ") and bases";
   }
+  if (!kmajor_only && !Has16BitKernels(config))
+    return "config " + ConfigNames()[config] + " has kernels for fp8 operands only";
   if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
     return "an int32 result is the product of int8 operands";
   if (!byte && (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb))

@@ -86,6 +86,7 @@ NB_MODULE(_tcgemm, m) {
       r["warps_m"] = c.warps_m; r["warps_n"] = c.warps_n; r["warps_k"] = c.warps_k;
       r["consumers"] = c.consumers;
       r["pingpong"] = c.pingpong;
+      r["fp8_only"] = c.fp8_only;
       r["threads"] = sm90 ? 128 * (c.consumers + 1) : 32 * c.warps_m * c.warps_n * c.warps_k;
       r["smem_bytes"] =
           SmemBytesOf(i, std::make_integer_sequence<int, tcgemm::kNumConfigs>{});

@@ -73,8 +73,10 @@ struct Sm90Traits {
   static constexpr int kEpiOffset = kStages * kStageBytes;
   static constexpr int kSmemBytes = kEpiOffset + kConsumers * kEpiBytes + 1024;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // Three consumer warpgroups (512 threads, 128 registers each at entry) share 65536: 160
+  // each, 24 for the producer (its loop holds a tile's coordinates and the tensor maps' address).
+  static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
   static_assert(kBK == 64, "a k tile is one 128-byte swizzle row of 16-bit elements");

@@ -66,7 +66,7 @@ std::string EncodeOperand(CUtensorMap* map, DType t, const void* base, int64_t c
 // Entries of config CFG in layout order (a_kmajor * 2 + b_kmajor); sm80 rows have none.
 template <typename T, int CFG>
 std::array<Sm90Entry, 4> Sm90Entries() {
-  if constexpr (kConfigs[CFG].kind == Kind::kSm90) {
+  if constexpr (kConfigs[CFG].kind == Kind::kSm90 && Has16BitKernels(CFG)) {
     using O = Sm90Operands<T>;
     return {MakeSm90<O, CFG, false, false>(), MakeSm90<O, CFG, false, true>(),
             MakeSm90<O, CFG, true, false>(), MakeSm90<O, CFG, true, true>()};
