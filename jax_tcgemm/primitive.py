@@ -63,8 +63,7 @@ def tcgemm(a, b, c=None, bias=None, scale=None, *, transpose_a=False, transpose_
         out_dtype=out_dtype, alpha=float(alpha), beta=float(beta),
         activation="none" if activation is None else str(activation), has_c=c is not None,
         has_bias=bias is not None, has_scale=scale is not None, aux=bool(aux), plan=plan,
-        overwrite_c=bool(overwrite_c) and c is not None,
-        precision=canonical_precision(precision))
+        overwrite_c=bool(overwrite_c) and c is not None, precision=canonical_precision(precision))
     return tuple(out) if aux else out[0]
 
 
@@ -115,8 +114,7 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
         if config not in configs.BY_NAME:
             raise ValueError(f"tcgemm: unknown config {config!r}; known: {sorted(configs.BY_NAME)}")
         if configs.BY_NAME[config].fp8_only:
-            raise ValueError(f"tcgemm: config {config} has kernels for fp8 operands only "
-                             f"(tg.scaled_matmul): {desc}")
+            raise ValueError(f"tcgemm: config {config} has kernels for fp8 operands only: {desc}")
         if not 1 <= split <= configs.MAX_SPLIT_K:
             raise ValueError(f"tcgemm: split_k must be in [1, {configs.MAX_SPLIT_K}]; got {split}")
     out = jax.core.ShapedArray((bt, m, n), np.dtype(out_dtype))
