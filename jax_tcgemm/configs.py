@@ -441,30 +441,42 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epil
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
     16-bit operands (tiles, waves and K slices do not depend on the element size), among the
-    K slice counts `split_counts`; `elem_bytes`: the bytes per operand element its L2 and HBM
-    traffic terms count (8-bit products: 1)."""
+    K slice counts `split_counts` (or split_counts(config)); `elem_bytes`: the bytes per operand
+    element its L2 and HBM traffic terms count (8-bit products: 1)."""
     if arch == "device":
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
     best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
-                for s in split_counts
+                for s in (split_counts(c) if callable(split_counts) else split_counts)
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
 
 
+# 8-bit products split K only where their tiles leave SMs idle (decode-sized M: 16 x 4096^2 has
+# 32 column tiles of 128 for 132 SMs), each slice at least BYTE_MIN_SLICE_K of K; the slices'
+# partials (int8: exact int32) are summed by the split-K reduction, which runs the epilogue.
+BYTE_MIN_SLICE_K = 1024
+
+
+def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
+    """K slice counts plan_byte weighs for a row with `tiles` output tiles and K = k."""
+    return tuple(s for s in (1 << i for i in range(MAX_SPLIT_K.bit_length()))
+                 if s == 1 or (tiles * s <= 2 * _SMS and k // s >= BYTE_MIN_SLICE_K))
+
+
 def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device"):
-    """Config name for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and int8
-    dot_general, K-major operands, one K slice), or None where no 8-bit kernel runs (_plan_rows:
-    compute capability other than 9.0, K not a multiple of 16; and an empty product). Among the
-    rows with 8-bit kernels of that kind (Config.int8 / Config.fp8), the one the cost model
-    picks (fp8: the fp8-only row on large squares, where its third warpgroup hides the promotion's
-    waits, 128x256 where fewer waves decide: NOTES v41)."""
+    """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
+    int8 dot_general, K-major operands), or None where no 8-bit kernel runs (_plan_rows: compute
+    capability other than 9.0, K not a multiple of 16; and an empty product). Among the rows
+    with 8-bit kernels of that kind (Config.int8 / Config.fp8) and the K slices byte_splits
+    allows, the pair the cost model picks (fp8: the fp8-only row on large squares, where its
+    third warpgroup hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41)."""
     if min(m, n, k) <= 0:
         return None
-    plan = _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch, (1,), elem_bytes=1)
-    return None if plan is None else plan[0]
+    return _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch,
+                      lambda c: byte_splits(c.tiles(m, n), k), elem_bytes=1)
 
 
 # float32 products on the TF32 kernels: a K slice adds its k tiles' sums in order into float32

@@ -9,8 +9,8 @@ Two paths compute it, with the same numbers (up to float32 summation order):
 - the kernels: on a GPU of compute capability 9.0, for K a multiple of 16, one call of the sm90
   8-bit kernels (wgmma; ffi/kernels/sm90/kernels_sm90_byte.cu) does the product, the scales
   (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue.
-  They read b K-major, as (N, K): a b given as (K, N) is transposed by XLA first (one copy of
-  b; pass transpose_b=True with a (N, K) b to avoid it);
+  They read b K-major, as (N, K): a b given as (K, N) is copied K-major by the same call first
+  (one pass over b; pass transpose_b=True with a (N, K) b to avoid it);
 - lax (everywhere else: CPU, other GPUs, K not a multiple of 16, int8 with block scales):
   lax.dot_general with float32 / int32 accumulation, the scales applied to the float32
   accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels'
@@ -230,16 +230,18 @@ def _reference(a2, b, sa, sb, c3, bias2, scale, st):
                           activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
 
 
-def _kernel(a2, b, sa, sb, c3, bias2, scale, st, config):
-    """The product on the sm90 8-bit kernels: a2 (R, K), b (N, K) after the transpose (K-major),
-    sa None / () / (R,), sb None / () / (N,): per-tensor scales fold into alpha (read on the
-    device), the others are the epilogue's row and column scales. Block form: sa (R, Kb) and sb
+def _kernel(a2, b, sa, sb, c3, bias2, scale, st, plan):
+    """The product on the sm90 8-bit kernels: a2 (R, K), b (N, K) or (K, N) (copied K-major by
+    the call), sa None / () / (R,), sb None / () / (N,): per-tensor scales fold into alpha (read
+    on the device), the others are the epilogue's row and column scales. Block form: sa (R, Kb) and sb
     (Kb, Nb), applied in the kernel's main loop (passed as (Kb, R) and (Kb, Nb))."""
     form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
+    config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
     r, k = a2.shape
-    bk = b if transpose_b else b.T  # wgmma reads 8-bit operands K-major only
+    # wgmma reads 8-bit operands K-major only: a (K, N) b is copied K-major inside the call
+    # (pack=1: ffi/host PlanWorkspace / LaunchTransposeBytes), not by an XLA transpose
     int_out = out_dtype == I32
-    args = [a2[None], bk[None]]
+    args = [a2[None], b[None]]
     if c3 is not None:
         if c3.shape[0] != 1 or (bsz > 1 and c3.shape[1] != 1):  # the batch folds into the rows
             c3 = jnp.broadcast_to(c3, (bsz, m, c3.shape[2])).reshape(1, r, c3.shape[2])
@@ -266,14 +268,14 @@ def _kernel(a2, b, sa, sb, c3, bias2, scale, st, config):
         args += [sa.T, sb]
     # (none at split_k 1 without packing; traced also where the extension is missing, as the
     # CUDA branch of platform_dependent, never lowered there)
-    ws = (configs.workspace_floats(r, n, k, 1, True, True, False, True, config, 1, False)
-          if _ffi.available() else 0)
+    ws = (configs.workspace_floats(r, n, k, 1, True, True, False, transpose_b, config, split,
+                                   not transpose_b, 1) if _ffi.available() else 0)
     call = jax.ffi.ffi_call(
         _ffi.TARGET, (jax.ShapeDtypeStruct((1, r, n), out_dtype),
                       jax.ShapeDtypeStruct((ws,), jnp.float32)),
         vmap_method="sequential")
-    d, _ = call(*args, transpose_a=False, transpose_b=True, config=config,
-                split_k=np.int64(1), pack=False, has_c=c3 is not None,
+    d, _ = call(*args, transpose_a=False, transpose_b=transpose_b, config=config,
+                split_k=np.int64(split), pack=not transpose_b, has_c=c3 is not None,
                 has_bias=bias2 is not None, has_scale=not int_out, has_row_scale=row,
                 has_col_scale=col, has_block_scale=block, aux=False, alpha=np.float32(1.0), beta=np.float32(0.0),
                 activation=np.int32(problem.activation_index(activation or "none")))
@@ -313,8 +315,8 @@ _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
 def kernel_config(kind, r, n, k, form):
-    """The sm90 row that runs this product, or None where lax does (int8 with block scales, K
-    not a multiple of 16, no extension, a device other than compute capability 9.0)."""
+    """(sm90 row, K slices) that run this product, or None where lax does (int8 with block
+    scales, K not a multiple of 16, no extension, a device other than compute capability 9.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available():
         return None
     return configs.plan_byte(r, n, k, kind)
@@ -328,8 +330,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     GEMM with scales (issue 26).
 
     On an H100/H200 (compute capability 9.0) with K a multiple of 16, one call of the sm90 8-bit
-    kernels computes everything (product, scales, epilogue); a (K, N) b is transposed by XLA
-    first (the kernels read b as (N, K)). int8 with block scales, other GPUs, other K and the
+    kernels computes everything (product, scales, epilogue); a (K, N) b is copied K-major by
+    the call first (the kernels read b as (N, K)). int8 with block scales, other GPUs, other K and the
     CPU run through lax (module docstring); the numbers are the same contract.
 
     a: (..., M, K); b: (K, N), or (N, K) with transpose_b (K-major b: what Hopper fp8 wgmma

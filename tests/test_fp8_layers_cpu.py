@@ -124,7 +124,7 @@ def test_training_steps_through_kernel_wrapper(monkeypatch):
     custom_vjp, under jit and grad, changes nothing."""
     from jax_tcgemm import scaled
     ref, v_ref = train(OURS, 3)
-    monkeypatch.setattr(scaled, "kernel_config", lambda *a: "sm90_128x128x64_s6_g2")
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: ("sm90_128x128x64_s6_g2", 1))
     got, v_got = train(OURS, 3)
     for (l0, o0, g0), (l1, o1, g1) in zip(ref, got):
         assert rel(o1, o0) == 0 and rel(l1, l0) == 0

@@ -494,7 +494,7 @@ def test_eval_shape_and_export():
                          *(S(x.shape, x.dtype) for x in (a, b, sa, sb)))
     assert out.shape == (8, 20) and out.dtype == F16
     assert tg.scaled_matmul in (getattr(tg, n) for n in tg.__all__)
-    assert "issue 26" in tg.scaled_matmul.__doc__ and "XLA" in tg.scaled_matmul.__doc__
+    assert "issue 26" in tg.scaled_matmul.__doc__ and "K-major" in tg.scaled_matmul.__doc__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +505,7 @@ def test_eval_shape_and_export():
 @pytest.fixture
 def kernel_path(monkeypatch):
     from jax_tcgemm import scaled
-    monkeypatch.setattr(scaled, "kernel_config", lambda *a: "sm90_128x128x64_s6_g2")
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: ("sm90_128x128x64_s6_g2", 1))
     return scaled
 
 
@@ -569,17 +569,24 @@ def test_plan_byte():
     if not configs.CONFIGS:
         pytest.skip("the extension is not built (no config table)")
     for kind in ("int8", "fp8"):
-        name = configs.plan_byte(8192, 8192, 8192, kind, arch=(9, 0))
-        assert name is not None and getattr(configs.BY_NAME[name], kind)
+        name, split = configs.plan_byte(8192, 8192, 8192, kind, arch=(9, 0))
+        assert getattr(configs.BY_NAME[name], kind) and split == 1
         assert configs.plan_byte(100, 200, 1000, kind, arch=(9, 0)) is None  # K % 16
         assert configs.plan_byte(128, 128, 128, kind, arch=(8, 0)) is None
         assert configs.plan_byte(128, 128, 128, kind, arch=None) is None
     # fp8 on large squares: the three-consumer fp8-only row; where it would need more waves
     # (4096 x 7168: 10 against 7), 128x256; int8 never on an fp8-only row
     fp8_only = {c.name for c in configs.CONFIGS if c.fp8_only}
-    assert fp8_only and configs.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0)) in fp8_only
-    assert configs.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == "sm90_128x256x64_s4_g2"
-    assert configs.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0)) not in fp8_only
+    assert fp8_only and configs.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0))[0] in fp8_only
+    assert configs.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
+    assert configs.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0))[0] not in fp8_only
+    # decode-sized M: 32 column tiles of 128 leave SMs idle, so K is split (byte_splits); the
+    # slices stay within twice the SMs and at least BYTE_MIN_SLICE_K of K each
+    for kind in ("int8", "fp8"):
+        name, split = configs.plan_byte(16, 4096, 4096, kind, arch=(9, 0))
+        tiles = configs.BY_NAME[name].tiles(16, 4096)
+        assert split > 1 and tiles * split <= 2 * 132 and 4096 // split >= configs.BYTE_MIN_SLICE_K
+        assert split in configs.byte_splits(tiles, 4096)
     for c in configs.CONFIGS:  # C++'s HasByteKernels, as the table reports it
         coop = c.kind == "sm90" and not c.pingpong
         assert c.int8 == (coop and not c.fp8_only), c.name

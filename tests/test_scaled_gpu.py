@@ -167,7 +167,7 @@ def test_scaled_products(pair):
 
 @pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
 @pytest.mark.parametrize("shape", [(200, 136, 512), (1, 300, 64), (1000, 1000, 4096),
-                                   (3, 4, 5, 32)])
+                                   (3, 4, 5, 32), (300, 1024, 784)])
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_int8_exact(shape, transpose_b):
     """int8 x int8 -> int32 on the kernel: bit-exact, batch dims of a folded into M."""

@@ -26,7 +26,8 @@ struct ByteCase {
   Scale scale;
   bool bias;
   Activation act;
-  int split = 1;  // K slices (float32 operands only)
+  int split = 1;  // K slices (summed by the split-K reduction; int8: exact int32 partials)
+  bool n_major = false;  // B stored [K][N] (8-bit: copied K-major by LaunchGemm, pack)
 };
 
 // An 8-bit element as a double (raw byte of type t).
@@ -82,7 +83,14 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
       row(hrow.size() * 4), col(hcol.size() * 4), sa(hsa.size() * 4), sb(hsb.size() * 4),
       bias(hbias.size() * 4);
   a.upload(ha.data());
-  b.upload(hb.data());
+  if (c.n_major) {  // hb is [N][K]; B goes in as [K][N]
+    std::vector<uint8_t> hbn(hb.size());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t kk = 0; kk < k; ++kk) hbn[kk * n + j] = hb[j * k + kk];
+    b.upload(hbn.data());
+  } else {
+    b.upload(hb.data());
+  }
   if (!int_out) scale.upload(hscale.data());
   if (!hrow.empty()) { row.upload(hrow.data()); col.upload(hcol.data()); }
   if (!hsa.empty()) { sa.upload(hsa.data()); sb.upload(hsb.data()); }
@@ -106,7 +114,8 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   p.epi.act = c.act;
   pr.in_type = c.ta;
   pr.b_type = c.tb;
-  pr.transpose_b = true;  // B [N][K]: K-major
+  pr.transpose_b = !c.n_major;  // B [N][K]: K-major; else [K][N], copied K-major first
+  pr.pack = c.n_major;
   pr.config = cfg;
   const WorkspacePlan wp = PlanWorkspace(pr);
   DevBuf ws(wp.total() * 4);
@@ -151,10 +160,11 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   const bool ok = err.empty() && finite && exact && rel <= tol;
   static const char* kScale[] = {"none", "tensor", "row/col", "block"};
   if (!ok || verbose())
-    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld split %d scale %s%s: rel %.2e (tol %.0e)%s%s\n",
+    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld split %d scale %s%s%s: rel %.2e (tol %.0e)%s%s\n",
                 ok ? "ok  " : "FAIL", ConfigName(kConfigs[cfg]).c_str(), byte_name(c.ta),
                 byte_name(c.tb), int_out ? "s32" : dtype_name(c.out), long(m), long(n), long(k),
-                c.split, kScale[int(c.scale)], c.bias ? " bias" : "", rel, tol,
+                c.split, kScale[int(c.scale)], c.bias ? " bias" : "", c.n_major ? " B [K][N]" : "",
+                rel, tol,
                 finite ? "" : " [not finite: an element never written]", err.c_str());
   return t.add(ok);
 }
@@ -177,6 +187,16 @@ void byte_cases(bool quick, int cc, Tally& t) {
       {F32, F32, DType::kF32, 200, 136, 528, Scale::kTensor, false, kNo},
       {F32, F32, DType::kBF16, 129, 300, 1060, Scale::kNone, true, Activation::kGeluTanh, 2},
       {F32, F32, DType::kF16, 1, 130, 4, Scale::kNone, false, kNo},
+      // B [K][N]: N a 16-byte multiple (vector loads) or not (bytes), K past one 256-row tile
+      {S8, S8, DType::kS32, 200, 272, 528, Scale::kNone, false, kNo, 1, true},
+      {E4, E5, DType::kBF16, 129, 300, 144, Scale::kTensor, true, Activation::kRelu, 1, true},
+      {E5, E4, DType::kF32, 70, 136, 400, Scale::kBlock, false, kNo, 1, true},
+      // K slices: int8 exact and W8A8 (row / column scales in the reduction), fp8 per-tensor
+      // and block scales, with B [K][N] too
+      {S8, S8, DType::kS32, 16, 520, 2048, Scale::kNone, false, kNo, 4},
+      {S8, S8, DType::kBF16, 40, 300, 1024, Scale::kRowCol, true, Activation::kGelu, 2, true},
+      {E4, E4, DType::kBF16, 16, 264, 1280, Scale::kTensor, true, Activation::kRelu, 3},
+      {E4, E5, DType::kF32, 33, 136, 1024, Scale::kBlock, false, kNo, 2, true},
   };
   if (!quick) {
     cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});

@@ -61,7 +61,8 @@ DeviceInfo Info(int device) {
 // The split-K reduction of problem pr's `split` float32 partials (in pr.workspace) through the
 // epilogue into D.
 std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) {
-  const cudaError_t e = LaunchSplitKReduce(pr.params, pr.workspace, split, stream);
+  const cudaError_t e = LaunchSplitKReduce(pr.params, pr.workspace, split,
+                                           pr.in_type == DType::kS8, stream);
   return e == cudaSuccess ? std::string() : CudaError("split-K reduction launch", e);
 }
 
@@ -102,6 +103,16 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
     }
     return o;
   };
+  if (IsByteOperand(pr.in_type)) {
+    if (pr.pack && !pr.transpose_b) {
+      PackedOperand& b = w.b;
+      b.transposed = true;
+      b.rows = (p.stride_b == 0 ? 1 : p.batch) * p.n;
+      b.cols = b.ld = p.k;
+      b.floats = (b.rows * b.cols + 127) / 128 * 32;  // bytes, in floats, 128-byte multiples
+    }
+    return w;
+  }
   w.a = operand(!pr.transpose_a, p.m, p.stride_a);
   w.b = operand(pr.transpose_b, p.n, p.stride_b);
   return w;
@@ -127,9 +138,15 @@ int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
 std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
                        cudaStream_t stream) {
   GemmParams p = pr.params;
-  const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b;
-  p.lda = a_kmajor ? p.k : p.m;  // as stored: the contiguous extent
+  const bool a_kmajor = !pr.transpose_a, b_kmajor = pr.transpose_b || wp.b.transposed;
+  p.lda = a_kmajor ? p.k : p.m;  // as stored: the contiguous extent (B: as the GEMM reads it)
   p.ldb = b_kmajor ? p.k : p.n;
+  // 8-bit B stored N-major: the GEMM reads the K-major copy (launched once the problem passed
+  // the checks below); same batch stride (N x K either way)
+  TransposeJob transpose{static_cast<const uint8_t*>(p.b), nullptr,
+                         p.stride_b == 0 ? 1 : p.batch, p.k, p.n};
+  if (wp.b.transposed)
+    p.b = transpose.dst = reinterpret_cast<uint8_t*>(pr.workspace + wp.split_floats);
 
   // Operands with rows that are not 16-byte multiples: padded copies in the workspace first.
   PackJob jobs[2];
@@ -151,9 +168,9 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   const bool byte = IsByteOperand(pr.in_type), kmajor_only = KMajorOnly(pr.in_type);
   if (kmajor_only) {
     // 8-bit and float32 (TF32) operands: the sm90 kernels only (wgmma reads them K-major), A and
-    // B of the same family, rows TMA can address (16-byte multiples), no grouping or packing;
-    // K splits for float32 only; their rows (HasByteKernels, HasTf32Kernels). The Python layer
-    // routes every other case through lax (or makes the operands so).
+    // B of the same family, rows TMA can address (16-byte multiples), no grouping; no packing
+    // but 8-bit B's K-major copy (PlanWorkspace); their rows (HasByteKernels, HasTf32Kernels).
+    // The Python layer routes every other case through lax (or makes the operands so).
     const std::string what = byte ? "8-bit" : "float32";
     if (IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
       return what + " A needs " + what + " B";
@@ -161,8 +178,10 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return what + " operands run on the sm90 kernels on compute capability 9.0 only (this "
              "GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
     if (!a_kmajor || !b_kmajor) return what + " operands are read K-major: A [M][K], B [N][K]";
-    if (ragged || pr.pack || (byte && EffectiveSplitK(pr) > 1))
-      return what + " operands run without grouping or packing" + (byte ? " or K split" : "");
+    if (ragged || (pr.pack && !byte))
+      return what + " operands run without grouping" + (byte ? "" : " or packing");
+    if (wp.b.transposed && transpose.batch > 65535)
+      return "8-bit B stored N-major: at most 65535 batch items";
     const int64_t row16 = 16 / DTypeBytes(pr.in_type);  // elements in 16 bytes
     if (p.k % row16 != 0 || p.stride_a % row16 != 0 || p.stride_b % row16 != 0 ||
         !Aligned16(p.a) || !Aligned16(p.b))
@@ -211,6 +230,9 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       cfg.kind == Kind::kSm80 && split > 1 && split <= kMaxClusterSplit && dev.cc >= 90;
   // Slices through the workspace store raw partials; the reduction runs the epilogue.
   p.partial = split > 1 && !p.cluster_reduce ? pr.workspace : nullptr;
+  if (wp.b.transposed)
+    if (cudaError_t e = LaunchTransposeBytes(transpose, stream); e != cudaSuccess)
+      return CudaError("8-bit B transpose launch", e);
   if (cfg.kind == Kind::kSm90) {
     if (std::string err = LaunchSm90(p, config, pr.in_type, kmajor_only ? pr.b_type : pr.in_type,
                                      a_kmajor, b_kmajor, device, dev.sms, stream);

@@ -90,8 +90,12 @@ inline constexpr int64_t PackedLd(int64_t cols) {
 // elements (64 for rows of 512 or more: 128-byte rows stream faster through TMA), each starting
 // 16-byte aligned. total() is what the FFI handler asks of XLA, and what Python asks of the
 // module (workspace_floats) to size the call's workspace result.
+// 8-bit operands are never padded; instead (with pr.pack) a B stored N-major ([K][N], as x @ W
+// holds it) is copied K-major ([N][K]: rows = batch items x N, cols = ld = K), which their
+// wgmma needs (`transposed`).
 struct PackedOperand {
   bool packed = false;
+  bool transposed = false;
   int64_t rows = 0;     // rows as stored, all batch items stacked (batch_items * outer extent)
   int64_t cols = 0;     // contiguous extent
   int64_t ld = 0;       // leading dimension of the copy: cols rounded up to 8 (or 64)
@@ -104,7 +108,7 @@ struct WorkspacePlan {
 };
 WorkspacePlan PlanWorkspace(const GemmProblem& pr);
 
-// Defined in gemm_pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
+// Defined in kernels/aux/pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
 // each of `count` (1 or 2) jobs, in one launch (ld: a multiple of 8, ld >= cols; cols any).
 struct PackJob {
   const uint16_t* src;
@@ -112,6 +116,15 @@ struct PackJob {
   int64_t rows, cols, ld;
 };
 cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream);
+
+// Defined in kernels/aux/pack.cu: dst[z][n][k] = src[z][k][n] for 8-bit elements, z < batch (K a
+// multiple of 16, dst 16-byte aligned; src any alignment, N any).
+struct TransposeJob {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t batch, k, n;
+};
+cudaError_t LaunchTransposeBytes(const TransposeJob& job, cudaStream_t stream);
 
 // The copies plan wp (PlanWorkspace(pr)) packs, as jobs for LaunchPack into pr.workspace after
 // the split-K partials; points p's operands, leading dimensions (p.lda / p.ldb as stored on
@@ -126,8 +139,9 @@ int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
 std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp, cudaStream_t stream);
 
 // Defined in kernels/aux/reduce.cu: D = epilogue(sum_{s < splits} ws[s * count + i]), the
-// slices summed in order, for the problem p describes (its d, d_type and epi).
-cudaError_t LaunchSplitKReduce(const GemmParams& p, const float* ws, int splits,
+// slices summed in order, for the problem p describes (its d, d_type and epi); int_sums: the
+// partials are int32 (int8 products), summed exactly, stored as int32 or converted to float.
+cudaError_t LaunchSplitKReduce(const GemmParams& p, const float* ws, int splits, bool int_sums,
                                cudaStream_t stream);
 
 // Defined in kernels/aux/dact.cu: the backward pass of the epilogue's activation and bias, in

@@ -153,12 +153,14 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     return Invalid(std::string("result must be float16, bfloat16 or float32 (or int32 for int8 "
                                "operands); got ") + DtypeName(ct) + " for " + DtypeName(at) +
                    " operands");
-  if ((byte || tf32) && (transpose_a || !transpose_b || pack))
-    return Invalid(std::string(byte ? "8-bit" : "float32") + " operands are read K-major: a "
-                   "(B, M, K) with transpose_a=0 and b (B, N, K) with transpose_b=1, pack=0: " +
-                   shapes());
-  if (byte && split_k != 1)
-    return Invalid("8-bit operands run with split_k=1: " + shapes());
+  // 8-bit b may also come N-major with pack=1: the handler copies it K-major (PlanWorkspace)
+  if (tf32 && (transpose_a || !transpose_b || pack))
+    return Invalid("float32 operands are read K-major: a (B, M, K) with transpose_a=0 and b "
+                   "(B, N, K) with transpose_b=1, pack=0: " + shapes());
+  if (byte && (transpose_a || transpose_b == pack))
+    return Invalid("8-bit operands are read K-major: a (B, M, K) with transpose_a=0, and b "
+                   "(B, N, K) with transpose_b=1, pack=0 or b (B, K, N) with transpose_b=0, "
+                   "pack=1 (copied K-major first): " + shapes());
   if (has_block_scale && !(byte && *ta != DType::kS8))
     return Invalid("block scales go with fp8 operands: " + shapes());
 

@@ -89,6 +89,74 @@ __global__ void __launch_bounds__(kThreads) pack_rows_kernel(PackJobs jobs, int 
   }
 }
 
+// 8-bit B stored N-major ([K][N] rows, the layout of x @ W) copied K-major ([N][K]) for the
+// sm90 8-bit kernels, whose wgmma reads 8-bit operands K-major only. A block transposes a
+// tile of 128 k x 128 n bytes through shared memory. Loads: 16-byte row chunks, 4 per thread (a
+// warp reads 4 rows of 128 bytes). Then thread (warp w, lane: k chunk kc = lane % 8, n group
+// ng = lane / 8) takes the 4 n columns 16 w + 4 ng .. + 3 of the 16 k rows 16 kc .. + 15 as 16
+// words, transposes them 4 x 4 bytes at a time with byte permutes, and stores its 4 n rows' 16
+// k bytes: each store instruction of a warp writes 4 whole 128-byte row segments. The tile's
+// words are XOR-swizzled by k row group ((row / 16) * 4) so that a warp's 32 word reads hit 32
+// banks. Rows of N bytes that are not 16-byte multiples (or an unaligned base) load byte by
+// byte; K is a multiple of 16 (the GEMM's own requirement), so stores are whole 16-byte chunks.
+constexpr int kTr = 128;  // tile: kTr k rows x kTr n bytes
+
+__device__ __forceinline__ int TrWord(int row, int word) {
+  return row * (kTr / 4) + (word ^ ((row >> 4) << 2));
+}
+
+__global__ void __launch_bounds__(kThreads) transpose_bytes_kernel(TransposeJob j, bool vec) {
+  __shared__ uint32_t tile[kTr * kTr / 4];
+  const int t = threadIdx.x;
+  const int64_t k0 = int64_t(blockIdx.y) * kTr, n0 = int64_t(blockIdx.x) * kTr;
+  const uint8_t* src = j.src + int64_t(blockIdx.z) * j.k * j.n;
+  uint8_t* dst = j.dst + int64_t(blockIdx.z) * j.k * j.n;
+#pragma unroll
+  for (int i = 0; i < kTr * kTr / 16 / kThreads; ++i) {
+    const int row = t / 8 + 32 * i, chunk = t % 8;
+    const int64_t k = k0 + row, n = n0 + 16 * chunk;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (k < j.k && n < j.n) {
+      const uint8_t* at = src + k * j.n + n;
+      if (vec) {
+        v = __ldg(reinterpret_cast<const uint4*>(at));
+      } else {
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+          if (n + e < j.n) w[e / 4] |= uint32_t(__ldg(at + e)) << (8 * (e % 4));
+        v = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    *reinterpret_cast<uint4*>(tile + TrWord(row, 4 * chunk)) = v;  // (4-word groups stay whole)
+  }
+  __syncthreads();
+  const int lane = t % 32, w = t / 32, kc = lane % 8, ng = lane / 8;
+  const int word = 4 * w + ng;  // n columns 4 word .. 4 word + 3
+  uint32_t out[4][4];           // [n column][k word]
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    uint32_t x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = tile[TrWord(16 * kc + 4 * g + i, word)];
+    // x[i] byte c: (k 16 kc + 4 g + i, n 4 word + c) -> out[c][g] byte i
+    const uint32_t lo01 = __byte_perm(x[0], x[1], 0x5140), hi01 = __byte_perm(x[0], x[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(x[2], x[3], 0x5140), hi23 = __byte_perm(x[2], x[3], 0x7362);
+    out[0][g] = __byte_perm(lo01, lo23, 0x5410);
+    out[1][g] = __byte_perm(lo01, lo23, 0x7632);
+    out[2][g] = __byte_perm(hi01, hi23, 0x5410);
+    out[3][g] = __byte_perm(hi01, hi23, 0x7632);
+  }
+  const int64_t k = k0 + 16 * kc;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int64_t n = n0 + 4 * word + c;
+    if (n < j.n && k < j.k)
+      *reinterpret_cast<uint4*>(dst + n * j.k + k) =
+          make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
@@ -108,6 +176,19 @@ cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
                       (rows + rows_per_block - 1) / rows_per_block, 1, kMaxRowBlocks)),
                   static_cast<unsigned>(count));
   pack_rows_kernel<<<grid, kThreads, 0, stream>>>(js, log2_width);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTransposeBytes(const TransposeJob& job, cudaStream_t stream) {
+  if (job.n == 0 || job.k == 0) return cudaSuccess;
+  const int64_t tiles_n = (job.n + kTr - 1) / kTr, tiles_k = (job.k + kTr - 1) / kTr;
+  if (job.k % 16 != 0 || job.batch < 1 || job.batch > 65535 || tiles_n > INT32_MAX ||
+      tiles_k > 65535 || (reinterpret_cast<uintptr_t>(job.dst) & 15) != 0)
+    return cudaErrorInvalidValue;
+  const bool vec = job.n % 16 == 0 && (reinterpret_cast<uintptr_t>(job.src) & 15) == 0;
+  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_k),
+                  static_cast<unsigned>(job.batch));
+  transpose_bytes_kernel<<<grid, kThreads, 0, stream>>>(job, vec);
   return cudaGetLastError();
 }
 

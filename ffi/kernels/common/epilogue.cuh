@@ -102,9 +102,9 @@ __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
 }
 
 // The scale of row r of item z (row_scale, 1 without) and of column c (col_scale; 1 without,
-// or past N): a scaled product's per-row / per-column factors. Only the sm90 kernels' epilogue
-// applies them (epilogue_sm90.cuh): scaled products have 8-bit operands, which run there alone
-// (LaunchGemm rejects the scales anywhere else).
+// or past N): a scaled product's per-row / per-column factors. The sm90 kernels' epilogue
+// (epilogue_sm90.cuh) and the split-K reduction (epi_pre) apply them: scaled products have
+// 8-bit operands, which run there alone (LaunchGemm rejects the scales anywhere else).
 __device__ __forceinline__ float epi_row_scale(const EpilogueParams& ep, int64_t m, int64_t z,
                                                int64_t r) {
   return ep.row_scale ? __ldg(ep.row_scale + z * m + r) : 1.0f;
@@ -113,13 +113,20 @@ __device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t
   return ep.col_scale && c < n ? __ldg(ep.col_scale + c) : 1.0f;
 }
 
-// v[j] (row r, column col + j of batch item z) <- alpha * v[j] + beta * C + bias.
+// v[j] (row r, column col + j of batch item z) <- alpha * row scale * column scale * v[j] +
+// beta * C + bias (the scales: 8-bit products' W8A8 form, 1 without).
 template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
   const EpilogueParams& ep = p.epi;
+  if (ep.row_scale || ep.col_scale) {
+    const float ra = s.alpha * epi_row_scale(ep, p.m, z, r);
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] *= s.alpha;
+    for (int j = 0; j < V; ++j) v[j] *= ra * epi_col_scale(ep, p.n, col + j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] *= s.alpha;
+  }
   if (ep.c) {
     const int64_t base = z * ep.c_sb + r * ep.c_sr;
 #pragma unroll

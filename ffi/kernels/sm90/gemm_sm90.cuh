@@ -496,10 +496,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
       const int64_t row0 = wk.m0 + 64 * (mb0 + mb);
-      if (p.partial) {  // split-K through the workspace: raw float32, the reduction finishes
-        store_block<float, Tr::kBN>(
-            p, p.partial + (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n, acc[mb], 1.0f,
-            row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+      if (p.partial) {  // split-K through the workspace: raw sums, the reduction finishes
+        const int64_t at = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
+        if constexpr (Ops::kInt)  // int8: exact int32 sums (bits in the float workspace)
+          store_block<int32_t, Tr::kBN>(p, reinterpret_cast<int32_t*>(p.partial) + at, acc[mb],
+                                        1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+        else
+          store_block<float, Tr::kBN>(p, p.partial + at, acc[mb], 1.0f, row0, wk.n0,
+                                      wk.row_end, t, epi, 1 + cw);
       } else if (Ops::kInt && p.d_type == DType::kS32) {  // the exact int8 product
         if constexpr (Ops::kInt)
           store_block<int32_t, Tr::kBN>(p, static_cast<int32_t*>(p.d) + wk.d_item(p), acc[mb],
