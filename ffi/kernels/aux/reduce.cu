@@ -21,11 +21,12 @@ namespace {
 // slice and output group is aligned). No index divisions: rows, items and columns are loops.
 // Sum: float (float32 partials), or int32_t for int8 products, whose partials are exact int32
 // sums (wrapping as one int32 accumulator would), stored as int32 (Out int32_t) or converted
-// to float for the epilogue, as the GEMM converts its own int32 sums.
+// to float for the epilogue, as the GEMM converts its own int32 sums. At least 4 blocks per SM
+// (64 registers): left to itself ptxas held the float32 4-wide kernels to 32 and spilled.
 template <typename Out, int VEC, typename Sum>
-__global__ void __launch_bounds__(256) splitk_reduce_kernel(const GemmParams p,
-                                                            const float* __restrict__ ws,
-                                                            int splits) {
+__global__ void __launch_bounds__(256, 4) splitk_reduce_kernel(const GemmParams p,
+                                                               const float* __restrict__ ws,
+                                                               int splits) {
   const int64_t mn = p.m * p.n, count = p.batch * mn;
   const EpiScale s = epi_scale(p);
   const Sum* parts = reinterpret_cast<const Sum*>(ws);
@@ -56,6 +57,8 @@ __global__ void __launch_bounds__(256) splitk_reduce_kernel(const GemmParams p,
           int32_t* d = static_cast<int32_t*>(p.d) + row + col;
           if constexpr (VEC == 4) *reinterpret_cast<int4*>(d) = make_int4(v[0], v[1], v[2], v[3]);
           else d[0] = v[0];
+        } else if constexpr (std::is_same_v<Sum, float>) {
+          epi_store<Out, VEC>(p, s, z, r, col, v, row + col, VEC, true);
         } else {
           float f[VEC];
 #pragma unroll

@@ -119,14 +119,9 @@ template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
   const EpilogueParams& ep = p.epi;
-  if (ep.row_scale || ep.col_scale) {
-    const float ra = s.alpha * epi_row_scale(ep, p.m, z, r);
+  const float ra = ep.row_scale ? s.alpha * epi_row_scale(ep, p.m, z, r) : s.alpha;
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] *= ra * epi_col_scale(ep, p.n, col + j);
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] *= s.alpha;
-  }
+  for (int j = 0; j < V; ++j) v[j] *= ep.col_scale ? ra * epi_col_scale(ep, p.n, col + j) : ra;
   if (ep.c) {
     const int64_t base = z * ep.c_sb + r * ep.c_sr;
 #pragma unroll
