@@ -441,7 +441,7 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epil
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
     16-bit operands (tiles, waves and K slices do not depend on the element size), among the
-    K slice counts `split_counts` (or split_counts(config)); `elem_bytes`: the bytes per operand
+    K slice counts split_counts(config) offers each row; `elem_bytes`: the bytes per operand
     element its L2 and HBM traffic terms count (8-bit products: 1)."""
     if arch == "device":
         arch = device_arch()
@@ -449,7 +449,7 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epil
         return None
     best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
-                for s in (split_counts(c) if callable(split_counts) else split_counts)
+                for s in split_counts(c)
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
 
@@ -506,4 +506,6 @@ def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | Non
     multiple of 4: what the lowering makes of any float32 product), or None where no TF32
     kernel runs (_plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
     the cost model picks, split as f32_splits allows (long K: F32_SLICE_K)."""
-    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, f32_splits(k), epilogue=epilogue)
+    splits = f32_splits(k)  # every row alike
+    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, lambda c: splits,
+                      epilogue=epilogue)

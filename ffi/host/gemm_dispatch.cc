@@ -180,8 +180,6 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (!a_kmajor || !b_kmajor) return what + " operands are read K-major: A [M][K], B [N][K]";
     if (ragged || (pr.pack && !byte))
       return what + " operands run without grouping" + (byte ? "" : " or packing");
-    if (wp.b.transposed && transpose.batch > 65535)
-      return "8-bit B stored N-major: at most 65535 batch items";
     const int64_t row16 = 16 / DTypeBytes(pr.in_type);  // elements in 16 bytes
     if (p.k % row16 != 0 || p.stride_a % row16 != 0 || p.stride_b % row16 != 0 ||
         !Aligned16(p.a) || !Aligned16(p.b))

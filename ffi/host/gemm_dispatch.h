@@ -108,8 +108,9 @@ struct WorkspacePlan {
 };
 WorkspacePlan PlanWorkspace(const GemmProblem& pr);
 
-// Defined in kernels/aux/pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r < rows, for
-// each of `count` (1 or 2) jobs, in one launch (ld: a multiple of 8, ld >= cols; cols any).
+// Defined in kernels/aux/pack.cu: dst[r][0..ld) = src[r][0..cols), zeros past cols, for r <
+// rows, for each of `count` (1 or 2) jobs, in one launch (ld: a multiple of 8, ld >= cols; cols
+// any).
 struct PackJob {
   const uint16_t* src;
   uint16_t* dst;
@@ -117,8 +118,8 @@ struct PackJob {
 };
 cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream);
 
-// Defined in kernels/aux/pack.cu: dst[z][n][k] = src[z][k][n] for 8-bit elements, z < batch (K a
-// multiple of 16, dst 16-byte aligned; src any alignment, N any).
+// Defined in kernels/aux/pack.cu: dst[z][n][k] = src[z][k][n] for 8-bit elements, z < batch (any
+// batch; K a multiple of 16, dst 16-byte aligned; src any alignment, N any).
 struct TransposeJob {
   const uint8_t* src;
   uint8_t* dst;

@@ -180,16 +180,25 @@ cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
 }
 
 cudaError_t LaunchTransposeBytes(const TransposeJob& job, cudaStream_t stream) {
-  if (job.n == 0 || job.k == 0) return cudaSuccess;
+  if (job.n == 0 || job.k == 0 || job.batch == 0) return cudaSuccess;
   const int64_t tiles_n = (job.n + kTr - 1) / kTr, tiles_k = (job.k + kTr - 1) / kTr;
-  if (job.k % 16 != 0 || job.batch < 1 || job.batch > 65535 || tiles_n > INT32_MAX ||
-      tiles_k > 65535 || (reinterpret_cast<uintptr_t>(job.dst) & 15) != 0)
+  if (job.k % 16 != 0 || job.batch < 0 || tiles_n > INT32_MAX || tiles_k > 65535 ||
+      (reinterpret_cast<uintptr_t>(job.dst) & 15) != 0)
     return cudaErrorInvalidValue;
   const bool vec = job.n % 16 == 0 && (reinterpret_cast<uintptr_t>(job.src) & 15) == 0;
-  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_k),
-                  static_cast<unsigned>(job.batch));
-  transpose_bytes_kernel<<<grid, kThreads, 0, stream>>>(job, vec);
-  return cudaGetLastError();
+  // batch items in launches of at most 65535 (grid z), each from its own item on
+  constexpr int64_t kMaxZ = 65535;
+  for (int64_t z0 = 0; z0 < job.batch; z0 += kMaxZ) {
+    TransposeJob part = job;
+    part.src += z0 * job.k * job.n;
+    part.dst += z0 * job.k * job.n;
+    part.batch = std::min(kMaxZ, job.batch - z0);
+    const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_k),
+                    static_cast<unsigned>(part.batch));
+    transpose_bytes_kernel<<<grid, kThreads, 0, stream>>>(part, vec);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace tcgemm

@@ -119,6 +119,8 @@ template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
   const EpilogueParams& ep = p.epi;
+  // (the helpers return 1 without scales; the tests here keep 16-bit products' reduction at
+  // one multiply, which it needs to stay spill-free: benchmarks/NOTES.md v42)
   const float ra = ep.row_scale ? s.alpha * epi_row_scale(ep, p.m, z, r) : s.alpha;
 #pragma unroll
   for (int j = 0; j < V; ++j) v[j] *= ep.col_scale ? ra * epi_col_scale(ep, p.n, col + j) : ra;
