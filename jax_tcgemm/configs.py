@@ -40,6 +40,8 @@ class Config:
     int8: bool = False  # has kernels for int8 x int8 (HasByteKernels in C++; plan_byte)
     fp8: bool = False   # has kernels for the fp8 pairs (HasByteKernels, fp8)
     f32: bool = False   # has kernels for float32 operands read as TF32 (HasTf32Kernels; plan_f32)
+    staged_scales: bool = False  # its fp8 kernels stage block scales in shared memory with each
+    # stage (Sm90StagesScales in C++); elsewhere their consumers load them: _RATE_BLOCK_LOADS
 
     def tiles(self, m: int, n: int) -> int:
         return math.ceil(m / self.bm) * math.ceil(n / self.bn)
@@ -144,6 +146,12 @@ _EPI_TILE_SM90 = 15e-6
 # it into float32 while only the other's piece runs (H200, 8192^3 in the same harness: 1.03-1.11x
 # per-tensor, 1.02-1.09x with block scales; benchmarks/NOTES.md v41).
 _RATE_FP8_ONLY = 1.04
+# fp8 products with block scales on a row whose consumers load the scales from global memory
+# (not Config.staged_scales): the main loop's rate against the same row's with per-tensor
+# scales. Measured (H200, 128x256, whole product): 0.71 at 8192^3 and 4096 x 7168 x 16384,
+# 0.83 at 128 x 7168 x 16384 (split 4), where the loop is less of the time; the staging rows
+# 0.92 at 8192^3 (benchmarks/NOTES.md v43). 0.83 picks the faster row at all three shapes.
+_RATE_BLOCK_LOADS = 0.83
 
 
 def _rate(c: Config, resident: int) -> float:
@@ -170,7 +178,8 @@ def _rate(c: Config, resident: int) -> float:
 
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
-             elem_bytes: int = 2, epilogue: bool = False) -> tuple[float, float]:
+             elem_bytes: int = 2, epilogue: bool = False,
+             block_scales: bool = False) -> tuple[float, float]:
     """Modelled seconds of config c with s K slices, and the GEMM part alone (the tie-break).
 
     Blocks (or clusters of the s slices) run in waves of the resident slots; a block walks
@@ -194,7 +203,8 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     concurrent = min(blocks, slots)
     resident = min(bps, math.ceil(concurrent / _SMS))
     peak = _PEAK_SM90 if hopper else _PEAK
-    t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * _rate(c, resident))
+    rate = _rate(c, resident) * (_RATE_BLOCK_LOADS if block_scales and not c.staged_scales else 1)
+    t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * rate)
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
     t_tile = max(t_mma, _LATENCY / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
     # With two or more resident blocks per SM one block's prologue and epilogue overlap
@@ -435,19 +445,20 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
 
 
 def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False,
-               elem_bytes=2):
+               elem_bytes=2, block_scales=False):
     """(config name, split_k) among the rows with kernels for a K-major-only operand type
     (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute
     capability other than 9.0 (arch "device": the default device's), K not a multiple of
     k_multiple (16-byte rows, which TMA needs). The cost model picks as for
     16-bit operands (tiles, waves and K slices do not depend on the element size), among the
     K slice counts split_counts(config) offers each row; `elem_bytes`: the bytes per operand
-    element its L2 and HBM traffic terms count (8-bit products: 1)."""
+    element its L2 and HBM traffic terms count (8-bit products: 1); `block_scales`: fp8 block
+    scales (estimate)."""
     if arch == "device":
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
-    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue), i, s)
+    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue, block_scales), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
                 for s in split_counts(c)
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)
@@ -466,17 +477,20 @@ def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
                  if s == 1 or (tiles * s <= 2 * _SMS and k // s >= BYTE_MIN_SLICE_K))
 
 
-def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device"):
+def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device",
+              block_scales: bool = False):
     """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
     int8 dot_general, K-major operands), or None where no 8-bit kernel runs (_plan_rows: compute
     capability other than 9.0, K not a multiple of 16; and an empty product). Among the rows
     with 8-bit kernels of that kind (Config.int8 / Config.fp8) and the K slices byte_splits
     allows, the pair the cost model picks (fp8: the fp8-only row on large squares, where its
-    third warpgroup hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41)."""
+    third warpgroup hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41;
+    with `block_scales`, rows that stage them in shared memory where they win: v43)."""
     if min(m, n, k) <= 0:
         return None
     return _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch,
-                      lambda c: byte_splits(c.tiles(m, n), k), elem_bytes=1)
+                      lambda c: byte_splits(c.tiles(m, n), k), elem_bytes=1,
+                      block_scales=block_scales)
 
 
 # float32 products on the TF32 kernels: a K slice adds its k tiles' sums in order into float32

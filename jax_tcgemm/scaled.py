@@ -264,8 +264,8 @@ def _kernel(a2, b, sa, sb, c3, bias2, scale, st, plan):
         args.append(sa.reshape(1, r))
     if col:
         args.append(sb.reshape(1, n))
-    if block:
-        args += [sa.T, sb]
+    if block:  # a's scales K-major, rows padded to 16 bytes (a tile's scales: one bulk copy)
+        args += [jnp.pad(sa.T, ((0, 0), (0, -r % 4))), sb]
     # (none at split_k 1 without packing; traced also where the extension is missing, as the
     # CUDA branch of platform_dependent, never lowered there)
     ws = (configs.workspace_floats(r, n, k, 1, True, True, False, transpose_b, config, split,
@@ -319,7 +319,7 @@ def kernel_config(kind, r, n, k, form):
     scales, K not a multiple of 16, no extension, a device other than compute capability 9.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available():
         return None
-    return configs.plan_byte(r, n, k, kind)
+    return configs.plan_byte(r, n, k, kind, block_scales=form == "block")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,3 +41,38 @@ def test_call_takes_b_as_given(monkeypatch, kind, transpose_b, split):
     # split slices of M x N float32 (int8: int32) partials, then N x K bytes of b's copy
     want = (split * m * n if split > 1 else 0) + (0 if transpose_b else n * k // 4)
     assert ws == want and f"tensor<{ws}xf32>" in call["results"]
+
+
+@pytest.mark.parametrize("m", [40, 41])
+def test_block_scales_of_a_padded_to_16_bytes(monkeypatch, m):
+    """a's block scales reach the call K-major, (ceil(K/128), M rounded up to 4) float32: rows of
+    16-byte multiples, which the staging rows copy per tile with one bulk copy (gemm_sm90.cuh);
+    b's as given."""
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: ("sm90_64x128x64_s8_g1", 1))
+    n, k = 200, 1024
+    a = jnp.ones((m, k), jnp.float8_e4m3fn)
+    b = jnp.ones((n, k), jnp.float8_e4m3fn)
+    sa, sb = jnp.ones((m, k // 128), jnp.float32), jnp.ones((2, k // 128), jnp.float32)
+    text = cuda_text(lambda a, b, sa, sb: tg.scaled_matmul(a, b, sa, sb, transpose_b=True),
+                     a, b, sa, sb)
+    (call,) = custom_calls(text)
+    operands = call["line"].split("->")[0]
+    assert f"tensor<{k // 128}x{-(-m // 4) * 4}xf32>" in operands
+    assert f"tensor<2x{k // 128}xf32>" in operands or f"tensor<{k // 128}x2xf32>" in operands
+
+
+def test_block_scales_plan_on_staging_rows():
+    """The rows whose fp8 kernels stage block scales in shared memory (the C++ rule,
+    Sm90StagesScales, through the config table) and the planner's use of them: with block
+    scales, products that per-tensor scales run on 128x256 move to a staging row."""
+    staged = {c.name for c in configs.CONFIGS if c.staged_scales}
+    assert {"sm90_192x128x64_s4_g3_f8", "sm90_64x128x64_s8_g1"} <= staged
+    assert not staged & {"sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2"}
+    assert all(c.kind == "sm90" for c in configs.CONFIGS if c.staged_scales)
+    llm, m128 = (4096, 7168, 16384), (128, 7168, 16384)
+    assert configs.plan_byte(*llm, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
+    for shape in (llm, (8192, 8192, 8192)):
+        assert configs.plan_byte(*shape, "fp8", arch=(9, 0), block_scales=True)[0] in staged
+    # at M = 128 the K-split 128x256 plan stays (measured 10% faster than the staging rows')
+    assert (configs.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True)
+            == configs.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 4))

@@ -108,6 +108,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   }
   if (!hsa.empty()) {
     p.block_sa = static_cast<const float*>(sa.p);
+    p.block_sa_ld = m;
     p.block_sb = static_cast<const float*>(sb.p);
   }
   if (c.bias) p.epi.bias = static_cast<const float*>(bias.p);
@@ -197,6 +198,10 @@ void byte_cases(bool quick, int cc, Tally& t) {
       {S8, S8, DType::kBF16, 40, 300, 1024, Scale::kRowCol, true, Activation::kGelu, 2, true},
       {E4, E4, DType::kBF16, 16, 264, 1280, Scale::kTensor, true, Activation::kRelu, 3},
       {E4, E5, DType::kF32, 33, 136, 1024, Scale::kBlock, false, kNo, 2, true},
+      // block scales with M % 4 == 0 (rows' scales staged by one bulk copy where a row stages
+      // them; the others above take the lanes' copies), a partial last tile, K slices
+      {E4, E4, DType::kBF16, 200, 300, 528, Scale::kBlock, false, kNo},
+      {E5, E4, DType::kF32, 260, 136, 1024, Scale::kBlock, true, Activation::kRelu, 2},
   };
   if (!quick) {
     cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});

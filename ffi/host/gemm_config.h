@@ -107,6 +107,22 @@ constexpr bool HasTf32Kernels(int cfg) {
   return c.kind == Kind::kSm90 && !c.pingpong && !c.fp8_only && c.bm == 64 * c.consumers;
 }
 
+// Shared memory of a Hopper row's kernel (kernels/sm90/gemm_sm90.cuh, Sm90Traits): its stages
+// (BM + BN rows of one 128-byte k tile row each), one staging panel per consumer warpgroup
+// (64 rows x 256 bytes), 1 KB of alignment slack; and the DeepSeek-V3 block scales of its fp8
+// kernels' stages, (BM + 4) floats each, where those fit beside ~1 KB of static shared memory
+// (Sm90StagesScales: the producer copies them with each stage; elsewhere the consumers load
+// them from global memory, ~30% slower with block scales: benchmarks/NOTES.md v43).
+inline constexpr int kSm90PanelBytes = 64 * 256;
+constexpr int Sm90SmemBytes(const GemmConfig& c) {
+  return c.stages * (c.bm + c.bn) * c.bk * 2 + c.consumers * kSm90PanelBytes + 1024;
+}
+constexpr int Sm90ScaleBytes(const GemmConfig& c) { return c.stages * (c.bm + 4) * 4; }
+constexpr bool Sm90StagesScales(int cfg) {
+  const GemmConfig& c = kConfigs[cfg];
+  return c.kind == Kind::kSm90 && Sm90SmemBytes(c) + Sm90ScaleBytes(c) <= 226 * 1024;
+}
+
 // Whether config cfg has kernels for 16-bit operands: every row but the fp8-only ones.
 constexpr bool Has16BitKernels(int cfg) { return !kConfigs[cfg].fp8_only; }
 

@@ -31,6 +31,28 @@ __device__ __forceinline__ void cp_async_cg_16_or_zero(uint32_t smem_addr, const
 #endif
 }
 
+// 4-byte copy (.ca; 4 bytes is below .cg's 16), zero-filling the bytes past `src_bytes`
+// (0: writes 4 zero bytes and reads nothing). Completion is tracked by an mbarrier
+// (cp_async_mbarrier_arrive) or by commit / wait groups.
+__device__ __forceinline__ void cp_async_ca_4_zfill(uint32_t smem_addr, const void* gmem,
+                                                    uint32_t src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+// cp.async.mbarrier.arrive (PTX 9.7.9.25.3.1, without .noinc): the mbarrier at shared address
+// `bar` gets one more pending arrival now and that arrival once all of this thread's earlier
+// cp.async copies are complete, so a phase that waits for it sees their data. (Net zero
+// arrivals: the barrier's expected count stays as initialised.)
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit_group() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");

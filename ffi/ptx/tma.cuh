@@ -77,6 +77,19 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 #endif
 }
 
+// Copies `bytes` (a multiple of 16) contiguous bytes at `src` (16-byte aligned) into shared
+// memory at `dst` (16-byte aligned) with the bulk-copy unit (cp.async.bulk, PTX 9.7.9.25.4.1),
+// completing them on mbarrier `bar` (count them in its expect_tx).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+
 // fence.proxy.async.shared::cta (PTX 9.7.13.4.20, "membar/fence"): orders this thread's
 // generic-proxy writes to shared memory before later async-proxy reads of it (wgmma operands,
 // TMA stores), once a barrier has published them.
@@ -87,6 +100,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // st.shared.v4.u32 of zeros (PTX 9.7.9.10): 16 zero bytes at shared address `addr`.
 __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// ld.shared.f32 (PTX 9.7.9.8): the float at shared address `addr`.
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a multiple of 32): one

@@ -74,26 +74,31 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
       return "scale must be float32 [alpha, beta]";
     ep.scale = static_cast<const float*>(s.value().untyped_data());
   }
-  // Per-row (B, M) and per-column (1, N) float32 scales.
-  auto vec = [&](const char* name, int64_t rows, int64_t cols, const float*& to) -> std::string {
+  // Per-row (B, M) and per-column (1, N) float32 scales; with `ld`, rows of at least `cols`
+  // (their length stored there).
+  auto vec = [&](const char* name, int64_t rows, int64_t cols, const float*& to,
+                 int64_t* ld = nullptr) -> std::string {
     auto v = args.get<ffi::AnyBuffer>(i++);
     if (v.has_error()) return std::string("cannot decode ") + name;
     const auto d = v.value().dimensions();
     if (v.value().element_type() != ffi::DataType::F32 || d.size() != 2 || d[0] != rows ||
-        d[1] != cols)
+        (ld ? d[1] < cols : d[1] != cols))
       return std::string(name) + " must be float32 (" + std::to_string(rows) + ", " +
-             std::to_string(cols) + "); got " + DtypeName(v.value().element_type()) + Dims(d);
+             (ld ? ">= " : "") + std::to_string(cols) + "); got " +
+             DtypeName(v.value().element_type()) + Dims(d);
     to = static_cast<const float*>(v.value().untyped_data());
+    if (ld) *ld = d[1];
     return {};
   };
   if (has_row_scale)
     if (std::string e = vec("row_scale", cd[0], cd[1], ep.row_scale); !e.empty()) return e;
   if (has_col_scale)
     if (std::string e = vec("col_scale", 1, cd[2], ep.col_scale); !e.empty()) return e;
-  if (has_block_scale) {  // (ceil(K/128), M) and (ceil(K/128), ceil(N/128))
+  if (has_block_scale) {  // (ceil(K/128), >= M) and (ceil(K/128), ceil(N/128))
     if (cd[0] != 1) return "block scales take a batch of 1";
     const int64_t kb = (k + 127) / 128;
-    if (std::string e = vec("block_sa", kb, cd[1], p.block_sa); !e.empty()) return e;
+    if (std::string e = vec("block_sa", kb, cd[1], p.block_sa, &p.block_sa_ld); !e.empty())
+      return e;
     if (std::string e = vec("block_sb", kb, (cd[2] + 127) / 128, p.block_sb); !e.empty())
       return e;
   }

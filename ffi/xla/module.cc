@@ -96,6 +96,7 @@ NB_MODULE(_tcgemm, m) {
       r["int8"] = tcgemm::HasByteKernels(i, false);
       r["fp8"] = tcgemm::HasByteKernels(i, true);
       r["f32"] = tcgemm::HasTf32Kernels(i);
+      r["staged_scales"] = tcgemm::Sm90StagesScales(i);
       rows.append(r);
     }
     return rows;

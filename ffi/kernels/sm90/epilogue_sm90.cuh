@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "host/gemm_config.h"
 #include "host/gemm_params.h"
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
@@ -21,7 +22,7 @@ namespace tcgemm {
 // swizzled by the row (by twice the row for float, whose accumulator pairs are 8 bytes) so that
 // the accumulator writes (8 rows x 4 threads per warp) and the row-wise reads are both free of
 // bank conflicts.
-constexpr int kEpiBytes = 64 * 256;
+constexpr int kEpiBytes = kSm90PanelBytes;  // (host/gemm_config.h: the kernel's layout)
 
 template <typename Out>
 __device__ __forceinline__ int epi_offset(int row, int byte) {  // byte: within the row's 256

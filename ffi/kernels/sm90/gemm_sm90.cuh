@@ -47,7 +47,9 @@
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/ragged.cuh"
 #include "kernels/sm90/epilogue_sm90.cuh"
+#include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
 #include "host/gemm_params.h"
+#include "ptx/cp_async.cuh"  // block scales staged by cp.async
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -67,11 +69,22 @@ struct Sm90Traits {
   static constexpr int kBBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kBox = 64 * kBK * 2;  // one 64-wide box of an M/N-major tile, in bytes
-  // Dynamic shared memory: the stages, one epilogue staging panel per consumer warpgroup, plus
-  // slack to align the stages to 1024 bytes (the period of the 128-byte swizzle, which the
-  // wgmma descriptors assume starts at offset 0).
+  // Dynamic shared memory (Sm90SmemBytes): the stages, one epilogue staging panel per
+  // consumer warpgroup, plus slack to align the stages to 1024 bytes (the period of the
+  // 128-byte swizzle, which the wgmma descriptors assume starts at offset 0).
   static constexpr int kEpiOffset = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kEpiOffset + kConsumers * kEpiBytes + 1024;
+  static constexpr int kSmemBytes = Sm90SmemBytes(c);
+  // fp8 block scales, per stage (Sm90StagesScales): the tile's kBM rows' scales of a and up
+  // to 4 column blocks' of b, copied by the producer with the stage's operands, after the
+  // staging panels; the other rows' consumers load them from global memory themselves.
+  static constexpr int kScaleStride = (kBM + 4) * 4;
+  static constexpr int kScaleOffset = kEpiOffset + kConsumers * kEpiBytes;
+  static constexpr int kScaleBytes = Sm90ScaleBytes(c);
+  static constexpr bool kScalesFit = Sm90StagesScales(CFG);
+  template <typename Ops>
+  static constexpr bool StagedScales() { return Ops::kBlockScales && kScalesFit; }
+  template <typename Ops>
+  static constexpr int SmemBytes() { return kSmemBytes + (StagedScales<Ops>() ? kScaleBytes : 0); }
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   // Three consumer warpgroups (512 threads, 128 registers each at entry) share 65536: 160
   // each, 24 for the producer (its loop holds a tile's coordinates and the tensor maps' address).
@@ -91,6 +104,8 @@ struct Sm90Traits {
                     kThreads * ((65536 / kThreads) & ~7),
                 "setmaxnreg budget exceeds the registers the block holds");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
+  static_assert(kSmemBytes == kScaleOffset + 1024 && kScaleBytes == kStages * kScaleStride,
+                "the layout Sm90SmemBytes / Sm90ScaleBytes describe");
 };
 
 // wgmma shared-memory matrix descriptor (PTX 9.7.15.5.1.2): start address, leading and stride
@@ -118,6 +133,7 @@ struct Sm90Operands {
   static constexpr int kBytes = ElemTraits<TA>::kBytes;
   static constexpr bool kInt = std::is_same_v<TA, int8_t>;
   static constexpr bool kPromote = (kBytes == 1 && !kInt) || kBytes == 4;
+  static constexpr bool kBlockScales = kBytes == 1 && !kInt;  // DeepSeek-V3 block scales: fp8
   using Acc = std::conditional_t<kInt, int, float>;
   static constexpr int kKTile = 128 / kBytes;  // elements of a k tile: one 128-byte row
   static_assert(ElemTraits<TB>::kBytes == kBytes && (kBytes == 4 || kBytes == 2 || kBytes == 1),
@@ -166,76 +182,6 @@ __device__ __forceinline__ void tma_load_operand(uint32_t dst, const CUtensorMap
   }
 }
 
-// One work item of a block: an output tile, what it reads and where it writes.
-// (32-bit fields: M, N, K and the batch are below 2^31; the consumers keep this live across
-// their main loop, beside the accumulators.)
-struct Sm90Work {
-  int m0, n0;        // tile origin in D's item
-  int z;             // batch item: D's (d_item()), C's and the bias row's
-  int row_end;       // rows at or past it are not stored
-  int za, zb;        // operand items (TMA coordinate 2)
-  int slice;         // split-K slice
-  int kbase;         // first k of the item's range (TMA coordinate); k tiles from there
-  int ktiles;        // k tiles of the item (0: the tile is zeros)
-  int kvalid;        // valid k of its last tile (< kBK: the rest is another group's, zeroed)
-
-  // Element offset of D's item: the batch item's, or the group's (ragged contraction); ragged
-  // rows write the one M x N result.
-  __device__ int64_t d_item(const GemmParams& p) const {
-    return p.ragged.mode == RaggedMode::kRows ? 0 : int64_t(z) * p.m * p.n;
-  }
-};
-
-// A block's work list: items blockIdx.x, + gridDim.x, ... in ascending order (the producer and
-// every consumer walk it alike). Plain: output tile x batch item x K slice (the slice
-// outermost, then the batch item, then the tiles). Ragged (p.ragged): each group's tiles in
-// turn, the group of an item found by walking the device group sizes (ragged_tile in
-// kernels/common/ragged.cuh: the rule both kernel families share).
-template <int BM, int BN, int BK>
-struct Sm90Sched {
-  // Item w into r; false past the end of the list. Grouped lists walk the group sizes from
-  // the first group on every call: no state is kept across the main loop, where the
-  // consumers' accumulators leave no registers for it (kept in registers, a cursor made ptxas
-  // spill; the walk costs O(groups) cached loads per item). (p is passed, not kept: a
-  // reference member would hold the kernel parameter's generic address.)
-  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) const {
-    const int ktiles_all = static_cast<int>((p.k + BK - 1) / BK);
-    if (p.ragged.mode == RaggedMode::kNone) {
-      const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
-      if (w >= tiles * p.batch * p.split_k) return false;
-      int64_t mt, nt;
-      raster(w % tiles, p.tiles_m, p.tiles_n, mt, nt);
-      const int64_t rest = w / tiles;
-      r.m0 = static_cast<int>(mt * BM);
-      r.n0 = static_cast<int>(nt * BN);
-      r.z = static_cast<int>(rest % p.batch);
-      r.row_end = static_cast<int>(p.m);
-      r.za = p.stride_a ? static_cast<int>(r.z) : 0;
-      r.zb = p.stride_b ? static_cast<int>(r.z) : 0;
-      r.slice = static_cast<int>(rest / p.batch);
-      const int kt0 = r.slice * p.k_tiles_per_split;
-      r.kbase = kt0 * BK;
-      r.ktiles = max(0, min(ktiles_all - kt0, p.k_tiles_per_split));
-      r.kvalid = BK;  // past K, TMA reads zeros
-      return true;
-    }
-    RaggedTile t;
-    if (!ragged_tile<BM, BN, BK>(p, w, t)) return false;
-    const bool rows_mode = p.ragged.mode == RaggedMode::kRows;
-    r.m0 = t.m0;
-    r.n0 = t.n0;
-    r.z = t.g;
-    r.row_end = t.row_end;
-    r.za = 0;
-    r.zb = rows_mode ? t.g : 0;
-    r.slice = 0;
-    r.kbase = t.kbase;
-    r.ktiles = t.ktiles;
-    r.kvalid = t.kvalid;
-    return true;
-  }
-};
-
 template <typename Ops, int CFG, bool A_KMAJOR, bool B_KMAJOR>
 __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_a,
@@ -256,23 +202,47 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   auto b_stage = [&](int s) { return smem + s * Tr::kStageBytes + Tr::kABytes; };
   auto full_bar = [&](int s) { return ptx::cvta_to_shared(&full[s]); };
   auto empty_bar = [&](int s) { return ptx::cvta_to_shared(&empty[s]); };
+  // fp8 block scales staged in shared memory (Sm90Traits::StagedScales): stage s's a scales
+  // (kBM floats, the tile's rows), then its b scales (the tile's 128-column blocks)
+  constexpr bool kStagedScales = Tr::template StagedScales<Ops>();
+  auto scale_stage = [&](int s) { return smem + Tr::kScaleOffset + s * Tr::kScaleStride; };
+  constexpr int kHalves = Tr::kBN / 128;
+  constexpr int kEmptyArrivals = kStagedScales ? 4 : 1;  // per consumer warpgroup and stage
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
       // one arrival per consumer warpgroup that reads the stage
-      ptx::mbarrier_init(empty_bar(s), Tr::kPingPong ? 1 : Tr::kConsumers);
+      // (staged block scales: one per warp, each reads the stage's scales itself)
+      ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kEmptyArrivals);
     }
     ptx::fence_mbarrier_init();
+  }
+  if constexpr (kStagedScales) {  // the scale slots' rows past M stay finite (bulk copies)
+    for (int i = threadIdx.x; i < Tr::kScaleBytes / 16; i += blockDim.x)
+      ptx::st_shared_zero16(smem + Tr::kScaleOffset + 16 * i);
+    ptx::fence_proxy_async_shared();
   }
   __syncthreads();
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
-    if (t != 0) return;
-    ptx::prefetch_tensormap(&map_a);
-    ptx::prefetch_tensormap(&map_b);
+    // Thread 0 issues the TMA copies. Staged block scales: a stage's b scales by thread 0's
+    // cp.async (zero past N); its a scales (kBM consecutive floats of block_sa) by one bulk
+    // copy where rows are 16-byte aligned (block_sa_ld % 4 == 0, an aligned base; the slots
+    // of rows past M keep the padding's, zeros or another tile's scales, times A's zero rows),
+    // else by the warp's lanes' cp.async (zeros past M). The cp.async arrivals and the bulk
+    // bytes complete the stage's full barrier. (The lanes' path costs ~6x the producer's
+    // instructions: benchmarks/NOTES.md v43.)
+    const bool copy_scales = kStagedScales && p.block_sa;
+    const bool bulk_scales = copy_scales && p.block_sa_ld % 4 == 0 &&
+                             (reinterpret_cast<uintptr_t>(p.block_sa) & 15) == 0;
+    if (t >= (copy_scales && !bulk_scales ? 32 : 1)) return;
+    if (t == 0) {
+      ptx::prefetch_tensormap(&map_a);
+      ptx::prefetch_tensormap(&map_b);
+    }
     int s = 0;
     uint32_t phase = 0;
     const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
@@ -281,10 +251,42 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
       for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
         const int k0 = wk.kbase + kt * kKTile;
-        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
-        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
+        if constexpr (kStagedScales) {
+          if (copy_scales) {  // block kb's a scales are row kb of block_sa
+            const int64_t kb = k0 / 128, nb = (p.n + 127) / 128;
+            const float* sa = p.block_sa + kb * p.block_sa_ld + m0;
+            const int64_t rows = p.m - m0;
+            const uint32_t dst = scale_stage(s);
+            if (!bulk_scales) {
+#pragma unroll 1
+              for (int i = t; i < Tr::kBM; i += 32)
+                ptx::cp_async_ca_4_zfill(dst + 4 * i, i < rows ? sa + i : p.block_sa,
+                                         i < rows ? 4 : 0);
+            }
+            if (t < kHalves) {
+              const bool in = n0 / 128 + t < nb;
+              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + t),
+                                       in ? p.block_sb + kb * nb + n0 / 128 + t : p.block_sb,
+                                       in ? 4 : 0);
+            }
+            ptx::cp_async_mbarrier_arrive(full_bar(s));
+            if (!bulk_scales) {
+              __syncwarp();  // every lane's pending arrival before thread 0's (it may end the phase)
+            } else {  // whole 16-byte chunks: up to 3 floats of the padded row past M
+              const uint32_t bytes =
+                  16 * uint32_t(rows < Tr::kBM ? (rows + 3) / 4 : Tr::kBM / 4);
+              ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes + bytes);
+              ptx::bulk_load(dst, sa, bytes, full_bar(s));
+            }
+          }
+        }
+        if (t == 0) {
+          if (!(kStagedScales && bulk_scales))
+            ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
+          tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
+          tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
+        }
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
@@ -325,9 +327,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   int s = 0;
   uint32_t phase = 0;
   Acc acc[Tr::kMB][Tr::kBN / 2];
-  // fp8: a k tile piece's partial sums, and the block scales of the next k tile (bsa: the
-  // thread's rows r and r + 8 of each m64 block; bsb: the tile's 128-column blocks)
-  constexpr int kHalves = Tr::kBN / 128;
+  // fp8 and TF32: a k tile piece's partial sums
   float part[Ops::kPromote ? 64 : 1];
   // An epilogue of no more than alpha (a number, or read from the device) takes the short path
   // (store_block); any other the full one (epi_block). The planner's rule for which products
@@ -337,8 +337,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   const float alpha = simple ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
-  // block scales: fp8 only (the FFI passes none with other operands)
-  constexpr bool kBlockScales = Ops::kBytes == 1 && !Ops::kInt;
+  // block scales: fp8 only (the FFI passes none with other operands). Staged: read from the
+  // stage's shared memory; otherwise loaded from global memory a k tile ahead (bsa: the
+  // thread's rows r and r + 8 of each m64 block; bsb: the tile's 128-column blocks).
+  constexpr bool kBlockScales = Ops::kBlockScales;
+  const int scale_row = (t >> 5) * 16 + ((t & 31) >> 2);  // row r of each m64 block
   float bsa[Tr::kMB][2], bsb[kHalves];
   auto load_block_scales = [&](int kt) {
     const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128;
@@ -349,8 +352,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int64_t row = wk.m0 + 64 * (mb0 + mb) + (t >> 5) * 16 + ((t & 31) >> 2) + 8 * e;
-        bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.m + row) : 0.0f;
+        const int64_t row = wk.m0 + 64 * (mb0 + mb) + scale_row + 8 * e;
+        bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.block_sa_ld + row) : 0.0f;
       }
   };
   int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
@@ -374,7 +377,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = Acc(0);
     int prev = -1;
-    if constexpr (Ops::kPromote) {
+    if constexpr (Ops::kPromote && !kStagedScales) {
       if (kBlockScales && p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
     for (int kt = 0; kt < wk.ktiles; ++kt) {
@@ -418,13 +421,15 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             Ops::template mma<128, true, true>(part, da + 2 * j, db + 2 * j, !first || j > 0);
         };
         float csa[Tr::kMB][2], csb[kHalves];  // this k tile's scales
+        if constexpr (!kStagedScales) {
 #pragma unroll
-        for (int mb = 0; mb < Tr::kMB; ++mb) {
-          csa[mb][0] = bsa[mb][0];
-          csa[mb][1] = bsa[mb][1];
+          for (int mb = 0; mb < Tr::kMB; ++mb) {
+            csa[mb][0] = bsa[mb][0];
+            csa[mb][1] = bsa[mb][1];
+          }
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) csb[h] = bsb[h];
         }
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) csb[h] = bsb[h];
 #pragma unroll
         for (int mb = 0; mb < Tr::kMB; ++mb) {
 #pragma unroll
@@ -440,10 +445,25 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             if (pair) issue(da + pair_step, db + pair_step, false);
             ptx::wgmma_commit_group();
             if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
-            if (kBlockScales && mb == 0 && h == 0 && p.block_sa && kt + 1 < wk.ktiles)
-              load_block_scales(kt + 1);
+            if (kBlockScales && mb == 0 && h == 0 && p.block_sa) {
+              if constexpr (kStagedScales) {  // this k tile's, from its stage
+#pragma unroll
+                for (int i = 0; i < Tr::kMB; ++i)
+#pragma unroll
+                  for (int e = 0; e < 2; ++e)
+                    csa[i][e] = ptx::ld_shared_f32(scale_stage(s) +
+                                                   4 * (64 * (mb0 + i) + scale_row + 8 * e));
+#pragma unroll
+                for (int i = 0; i < kHalves; ++i)
+                  csb[i] = ptx::ld_shared_f32(scale_stage(s) + 4 * (Tr::kBM + i));
+              } else if (kt + 1 < wk.ktiles) {
+                load_block_scales(kt + 1);
+              }
+            }
             ptx::wgmma_wait_group<0>();
-            if (mb == Tr::kMB - 1 && h == kHalves - 1 && t == 0) {
+            if (kStagedScales && mb == Tr::kMB - 1 && h == kHalves - 1)
+              __syncwarp();  // the warp's reads of the stage's scales before its arrival
+            if (mb == Tr::kMB - 1 && h == kHalves - 1 && (kStagedScales ? t % 32 : t) == 0) {
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }

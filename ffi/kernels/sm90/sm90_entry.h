@@ -18,7 +18,7 @@ template <typename Ops, int CFG, bool AK, bool BK>
 Sm90Entry MakeSm90() {
   using Tr = Sm90Traits<CFG>;
   return {reinterpret_cast<const void*>(&gemm_sm90_kernel<Ops, CFG, AK, BK>), Tr::kThreads,
-          Tr::kSmemBytes, Tr::kBM, Tr::kBN};
+          Tr::template SmemBytes<Ops>(), Tr::kBM, Tr::kBN};
 }
 
 // The kernel of sm90 config `config` for 8-bit operands of types a x b (K-major both), or an
