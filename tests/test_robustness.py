@@ -22,12 +22,12 @@ from jax_tcgemm import _ffi, configs
 from jax_tcgemm.primitive import tcgemm
 
 from conftest import assert_close, bound, epilogue_ref64, f64, poisoned, ref64, seed_of
+from test_cpu import FP8_ONLY  # a row with no 16-bit kernels
 from test_fuzz import compare
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 CONFIG_NAMES = [c.name for c in configs.CONFIGS16]
-FP8_ONLY = next((c.name for c in configs.CONFIGS if c.fp8_only), None)  # no 16-bit kernels
 gpu = pytest.mark.gpu
 
 
