@@ -117,7 +117,8 @@ inline constexpr int kSm90PanelBytes = 64 * 256;
 constexpr int Sm90SmemBytes(const GemmConfig& c) {
   return c.stages * (c.bm + c.bn) * c.bk * 2 + c.consumers * kSm90PanelBytes + 1024;
 }
-constexpr int Sm90ScaleBytes(const GemmConfig& c) { return c.stages * (c.bm + 4) * 4; }
+constexpr int Sm90ScaleStride(const GemmConfig& c) { return (c.bm + 4) * 4; }  // per stage
+constexpr int Sm90ScaleBytes(const GemmConfig& c) { return c.stages * Sm90ScaleStride(c); }
 constexpr bool Sm90StagesScales(int cfg) {
   const GemmConfig& c = kConfigs[cfg];
   return c.kind == Kind::kSm90 && Sm90SmemBytes(c) + Sm90ScaleBytes(c) <= 226 * 1024;

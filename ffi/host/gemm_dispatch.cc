@@ -192,6 +192,9 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     return "an int32 result is the product of int8 operands";
   if (!byte && (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb))
     return "row, column and block scales go with 8-bit operands";
+  if (p.block_sa && (p.block_sa_ld < p.m || p.block_sa_ld % 4 != 0 || !Aligned16(p.block_sa)))
+    return "block scales of a need 16-byte aligned rows of at least M floats (a multiple of 4; "
+           "got " + std::to_string(p.block_sa_ld) + " for M = " + std::to_string(p.m) + ")";
   if (ragged) {
     // Grouped products run on the rows with grouped kernels (HasRaggedKernels): sm90 rows on
     // compute capability 9.0 (the persistent scheduler), sm80 rows on any GPU (one block per

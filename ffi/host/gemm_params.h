@@ -108,8 +108,8 @@ struct GemmParams {
   // product of each 128-slice kb of K is scaled by block_sa[kb][r] * block_sb[kb][c / 128]
   // (float32, row-major (ceil(K/128), M) with rows block_sa_ld >= M apart, and
   // (ceil(K/128), ceil(N/128))) before it is added to the float32 sums; the epilogue follows.
-  // nullptr: no block scales. (Rows of 16-byte multiples let a kernel copy a tile's a scales
-  // with one bulk copy: scaled.py pads them so.)
+  // nullptr: no block scales. block_sa's rows are 16-byte multiples and aligned (LaunchGemm
+  // checks it), so a kernel copies a tile's a scales with one bulk copy; scaled.py pads them.
   const float* block_sa = nullptr;
   const float* block_sb = nullptr;
   int64_t block_sa_ld = 0;

@@ -49,7 +49,7 @@
 #include "kernels/sm90/epilogue_sm90.cuh"
 #include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
 #include "host/gemm_params.h"
-#include "ptx/cp_async.cuh"  // block scales staged by cp.async
+#include "ptx/cp_async.cuh"  // staged b block scales (cp.async)
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -77,7 +77,7 @@ struct Sm90Traits {
   // fp8 block scales, per stage (Sm90StagesScales): the tile's kBM rows' scales of a and up
   // to 4 column blocks' of b, copied by the producer with the stage's operands, after the
   // staging panels; the other rows' consumers load them from global memory themselves.
-  static constexpr int kScaleStride = (kBM + 4) * 4;
+  static constexpr int kScaleStride = Sm90ScaleStride(c);
   static constexpr int kScaleOffset = kEpiOffset + kConsumers * kEpiBytes;
   static constexpr int kScaleBytes = Sm90ScaleBytes(c);
   static constexpr bool kScalesFit = Sm90StagesScales(CFG);
@@ -104,8 +104,7 @@ struct Sm90Traits {
                     kThreads * ((65536 / kThreads) & ~7),
                 "setmaxnreg budget exceeds the registers the block holds");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 shared-memory limit per block");
-  static_assert(kSmemBytes == kScaleOffset + 1024 && kScaleBytes == kStages * kScaleStride,
-                "the layout Sm90SmemBytes / Sm90ScaleBytes describe");
+  static_assert(kSmemBytes == kScaleOffset + 1024, "the layout Sm90SmemBytes describes");
 };
 
 // wgmma shared-memory matrix descriptor (PTX 9.7.15.5.1.2): start address, leading and stride
@@ -228,21 +227,15 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
-    // Thread 0 issues the TMA copies. Staged block scales: a stage's b scales by thread 0's
-    // cp.async (zero past N); its a scales (kBM consecutive floats of block_sa) by one bulk
-    // copy where rows are 16-byte aligned (block_sa_ld % 4 == 0, an aligned base; the slots
-    // of rows past M keep the padding's, zeros or another tile's scales, times A's zero rows),
-    // else by the warp's lanes' cp.async (zeros past M). The cp.async arrivals and the bulk
-    // bytes complete the stage's full barrier. (The lanes' path costs ~6x the producer's
-    // instructions: benchmarks/NOTES.md v43.)
+    // Thread 0 issues the copies: the stage's operands by TMA and, with staged block scales,
+    // its tile's a scales (kBM consecutive floats of block_sa, whose rows the dispatcher
+    // requires 16-byte aligned) by one bulk copy and its b scales by cp.async (zero past N),
+    // all completing on the stage's full barrier. The slots of rows past M keep the padding's,
+    // zeros or another tile's scales, times A's zero rows.
+    if (t != 0) return;
+    ptx::prefetch_tensormap(&map_a);
+    ptx::prefetch_tensormap(&map_b);
     const bool copy_scales = kStagedScales && p.block_sa;
-    const bool bulk_scales = copy_scales && p.block_sa_ld % 4 == 0 &&
-                             (reinterpret_cast<uintptr_t>(p.block_sa) & 15) == 0;
-    if (t >= (copy_scales && !bulk_scales ? 32 : 1)) return;
-    if (t == 0) {
-      ptx::prefetch_tensormap(&map_a);
-      ptx::prefetch_tensormap(&map_b);
-    }
     int s = 0;
     uint32_t phase = 0;
     const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
@@ -252,41 +245,28 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
         const int k0 = wk.kbase + kt * kKTile;
+        uint32_t scale_bytes = 0;
         if constexpr (kStagedScales) {
           if (copy_scales) {  // block kb's a scales are row kb of block_sa
-            const int64_t kb = k0 / 128, nb = (p.n + 127) / 128;
-            const float* sa = p.block_sa + kb * p.block_sa_ld + m0;
-            const int64_t rows = p.m - m0;
+            const int64_t kb = k0 / 128, nb = (p.n + 127) / 128, rows = p.m - m0;
             const uint32_t dst = scale_stage(s);
-            if (!bulk_scales) {
-#pragma unroll 1
-              for (int i = t; i < Tr::kBM; i += 32)
-                ptx::cp_async_ca_4_zfill(dst + 4 * i, i < rows ? sa + i : p.block_sa,
-                                         i < rows ? 4 : 0);
-            }
-            if (t < kHalves) {
-              const bool in = n0 / 128 + t < nb;
-              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + t),
-                                       in ? p.block_sb + kb * nb + n0 / 128 + t : p.block_sb,
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) {
+              const bool in = n0 / 128 + h < nb;
+              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + h),
+                                       in ? p.block_sb + kb * nb + n0 / 128 + h : p.block_sb,
                                        in ? 4 : 0);
             }
             ptx::cp_async_mbarrier_arrive(full_bar(s));
-            if (!bulk_scales) {
-              __syncwarp();  // every lane's pending arrival before thread 0's (it may end the phase)
-            } else {  // whole 16-byte chunks: up to 3 floats of the padded row past M
-              const uint32_t bytes =
-                  16 * uint32_t(rows < Tr::kBM ? (rows + 3) / 4 : Tr::kBM / 4);
-              ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes + bytes);
-              ptx::bulk_load(dst, sa, bytes, full_bar(s));
-            }
+            // whole 16-byte chunks: up to 3 floats of the padded row past M
+            scale_bytes = 16 * uint32_t(rows < Tr::kBM ? (rows + 3) / 4 : Tr::kBM / 4);
+            ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes + scale_bytes);
+            ptx::bulk_load(dst, p.block_sa + kb * p.block_sa_ld + m0, scale_bytes, full_bar(s));
           }
         }
-        if (t == 0) {
-          if (!(kStagedScales && bulk_scales))
-            ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
-          tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
-          tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
-        }
+        if (scale_bytes == 0) ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
+        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
+        tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
