@@ -45,6 +45,15 @@ __device__ __forceinline__ void wgmma_wait_group() {
 #endif
 }
 
+// Pins the compiler's view of accumulator registers `d` at this point (an empty asm that
+// reads and writes each): reads of sums that an earlier wgmma_wait_group made complete are not
+// moved above that wait, and writes to them not below the next wgmma_fence.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 // setmaxnreg (PTX 9.7.17.1): moves registers between warpgroups of a kernel launched with a
 // register cap (__launch_bounds__(threads, 1)); every warp of the warpgroup executes it.
 template <int REGS>

@@ -21,8 +21,9 @@
 // operands read K-major (wgmma's only form for them; k tiles of 128, wgmma k32):
 // int8 (int32 sums, exact; stored as int32 or, through the epilogue, as floats) and fp8 e4m3 /
 // e5m2, whose k tile sums start at 0 in registers of their own and are added into the float32
-// sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32); TF32
-// sums likewise, after every two k tiles (64 of K).
+// sums after each k tile (Hopper's fp8 wgmma accumulates with fewer bits than float32; on the
+// 64x128 row, which has registers for two such sums, the next k tile's wgmma run meanwhile);
+// TF32 sums likewise, after every two k tiles (64 of K).
 //
 // Ragged (grouped) products (p.ragged, host/gemm_params.h) walk their groups' tiles with the
 // same pipeline: a group's tiles read its B item (rows) or its k range (contraction; the k
@@ -47,6 +48,7 @@
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/ragged.cuh"
 #include "kernels/sm90/epilogue_sm90.cuh"
+#include "kernels/sm90/operands_sm90.cuh"  // Sm90Operands
 #include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
 #include "host/gemm_params.h"
 #include "ptx/cp_async.cuh"  // staged b block scales (cp.async)
@@ -116,56 +118,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
          (uint64_t(stride >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// The operand types of an sm90 kernel: A's and B's elements (the same but for the mixed fp8
-// pairs), the accumulator type, and the wgmma of one 32-byte k step of a 64 x BN block (k16 of
-// 16-bit operands, k32 of 8-bit ones, k8 of float32 ones read as TF32). kPromote: a k tile's
-// (TF32: two k tiles') products are summed apart (from 0) and then added into the float32
-// accumulators (fp8, whose
-// wgmma sums keep fewer bits than float32; TF32, whose wgmma float32 sums are truncated: chained
-// over all of K their error grows linearly with K, 1.6e-4 at K = 65536 for 3xTF32 against
-// 1.1e-6 for float32 FMA; summed per 32 or 64 of K and added with round-to-nearest FADDs it
-// does not grow: benchmarks/NOTES.md v35, v38).
-template <typename TA, typename TB = TA>
-struct Sm90Operands {
-  using A = TA;
-  using B = TB;
-  static constexpr int kBytes = ElemTraits<TA>::kBytes;
-  static constexpr bool kInt = std::is_same_v<TA, int8_t>;
-  static constexpr bool kPromote = (kBytes == 1 && !kInt) || kBytes == 4;
-  static constexpr bool kBlockScales = kBytes == 1 && !kInt;  // DeepSeek-V3 block scales: fp8
-  using Acc = std::conditional_t<kInt, int, float>;
-  static constexpr int kKTile = 128 / kBytes;  // elements of a k tile: one 128-byte row
-  static_assert(ElemTraits<TB>::kBytes == kBytes && (kBytes == 4 || kBytes == 2 || kBytes == 1),
-                "A and B: both float32, both 16-bit or both 8-bit");
-  static_assert(kBytes != 1 ? std::is_same_v<TA, TB> : kInt == std::is_same_v<TB, int8_t>,
-                "float32 or 16-bit operands of one type; int8 with int8; fp8 with fp8");
-
-  template <int BN, bool A_KMAJOR, bool B_KMAJOR>
-  __device__ __forceinline__ static void mma(Acc (&d)[BN / 2], uint64_t da, uint64_t db,
-                                             int scale_d) {
-    if constexpr (kBytes == 2) {
-      constexpr int ta = A_KMAJOR ? 0 : 1, tb = B_KMAJOR ? 0 : 1;
-      constexpr bool bf16 = std::is_same_v<TA, __nv_bfloat16>;
-      if constexpr (BN == 256) ptx::wgmma_m64n256k16<ta, tb, bf16>(d, da, db, scale_d);
-      else ptx::wgmma_m64n128k16<ta, tb, bf16>(d, da, db, scale_d);
-    } else if constexpr (kBytes == 4) {
-      static_assert(A_KMAJOR && B_KMAJOR, "wgmma reads TF32 operands K-major only");
-      if constexpr (BN == 256) ptx::wgmma_m64n256k8_tf32(d, da, db, scale_d);
-      else ptx::wgmma_m64n128k8_tf32(d, da, db, scale_d);
-    } else {
-      static_assert(A_KMAJOR && B_KMAJOR, "wgmma reads 8-bit operands K-major only");
-      if constexpr (kInt) {
-        if constexpr (BN == 256) ptx::wgmma_m64n256k32_s8(d, da, db, scale_d);
-        else ptx::wgmma_m64n128k32_s8(d, da, db, scale_d);
-      } else {
-        static_assert(BN == 128, "fp8: pieces of 128 columns (gemm_sm90_kernel)");
-        ptx::wgmma_m64n128k32_fp8<std::is_same_v<TA, __nv_fp8_e5m2>,
-                                  std::is_same_v<TB, __nv_fp8_e5m2>>(d, da, db, scale_d);
-      }
-    }
-  }
-};
-
 // The next k tile (k0) of one operand into its stage at `dst`: a K-major tile is one box of
 // 64 k x ROWS rows at (k0, mn0); an M/N-major one is ROWS/64 boxes of 64 (M or N) x 64 k rows
 // at (mn0 + 64 i, k0), kBox bytes apart.
@@ -206,14 +158,16 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr bool kStagedScales = Tr::template StagedScales<Ops>();
   auto scale_stage = [&](int s) { return smem + Tr::kScaleOffset + s * Tr::kScaleStride; };
   constexpr int kHalves = Tr::kBN / 128;
-  constexpr int kEmptyArrivals = kStagedScales ? 4 : 1;  // per consumer warpgroup and stage
+  // per consumer warpgroup and stage: its thread 0 after its wgmma_wait_group, or, with staged
+  // block scales, each of its threads once done with the stage's scales (a warp's lanes are
+  // not ordered by another warp's wait, nor for compute-sanitizer by __syncwarp)
+  constexpr int kEmptyArrivals = kStagedScales ? 128 : 1;
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      // one arrival per consumer warpgroup that reads the stage
-      // (staged block scales: one per warp, each reads the stage's scales itself)
+      // kEmptyArrivals per consumer warpgroup that reads the stage
       ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kEmptyArrivals);
     }
     ptx::fence_mbarrier_init();
@@ -309,6 +263,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   Acc acc[Tr::kMB][Tr::kBN / 2];
   // fp8 and TF32: a k tile piece's partial sums
   float part[Ops::kPromote ? 64 : 1];
+  // fp8 on a row that stages its block scales, with one 64 x 128 piece per warpgroup and k
+  // tile and registers for two (64x128: 232 per consumer): k tile kt + 1's wgmma are issued
+  // before kt's sums are scaled and added, so the tensor cores have this warpgroup's next piece
+  // while it adds (128x128, whose consumers load the scales themselves, was slower so with
+  // block scales: benchmarks/NOTES.md v44).
+  constexpr bool kOverlap = kStagedScales && Tr::kMB == 1 && kHalves == 1 &&
+                            !Tr::kPingPong && Tr::kConsumerRegs >= 232;
+  float part2[kOverlap ? 64 : 1];
   // An epilogue of no more than alpha (a number, or read from the device) takes the short path
   // (store_block); any other the full one (epi_block). The planner's rule for which products
   // have a full epilogue is the same (jax_tcgemm/problem.py, fused_epilogue).
@@ -360,6 +322,64 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     if constexpr (Ops::kPromote && !kStagedScales) {
       if (kBlockScales && p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
+    if constexpr (kOverlap) {
+      const bool block = p.block_sa != nullptr;
+      auto issue_piece = [&](float (&P)[64], int st) {  // a k tile's piece into P
+        const uint64_t da = smem_desc(a_stage(st) + mb0 * Tr::kBox, 16, 1024);
+        const uint64_t db = smem_desc(b_stage(st), 16, 1024);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          Ops::template mma<128, true, true>(P, da + 2 * j, db + 2 * j, j > 0);
+        ptx::wgmma_commit_group();
+      };
+      // k tile kt, issued into P from stage s: with `more`, issue kt + 1 into Q; then wait for
+      // P, release kt's stage and add P times kt's scales into the float32 sums
+      auto step = [&](float (&P)[64], float (&Q)[64], auto more) {
+        const int st = s;
+        if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+        if constexpr (more) {
+          ptx::mbarrier_wait(full_bar(s), phase);
+          issue_piece(Q, s);
+        }
+        float sa0 = 1.0f, sa1 = 1.0f, sb = 1.0f;  // k tile kt's block scales, from its stage
+        if (block) {
+          const uint32_t at = scale_stage(st) + 4 * (64 * mb0 + scale_row);
+          sa0 = ptx::ld_shared_f32(at);
+          sa1 = ptx::ld_shared_f32(at + 32);
+          sb = ptx::ld_shared_f32(scale_stage(st) + 4 * Tr::kBM);
+        }
+        ptx::wgmma_wait_group<more ? 1 : 0>();
+        ptx::wgmma_fence_operands(P);
+        ptx::mbarrier_arrive(empty_bar(st));  // this thread is done with the stage
+        if (block) {
+          const float s0 = sa0 * sb, s1 = sa1 * sb;
+#pragma unroll
+          for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
+            acc[0][i] = fmaf(P[i], (i >> 1) & 1 ? s1 : s0, acc[0][i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[0][i] += P[i];
+        }
+      };
+      using Next = std::true_type;
+      using Last = std::false_type;
+      if (wk.ktiles > 0) {
+        ptx::mbarrier_wait(full_bar(s), phase);
+        issue_piece(part, s);
+        int kt = 0;
+        for (; kt + 2 < wk.ktiles; kt += 2) {  // two steps: P and Q trade places
+          step(part, part2, Next{});
+          step(part2, part, Next{});
+        }
+        if (kt + 1 < wk.ktiles) {
+          step(part, part2, Next{});
+          step(part2, part, Last{});
+        } else {
+          step(part, part2, Last{});
+        }
+      }
+    } else  // the other operand types and tiles: one k tile after another
     for (int kt = 0; kt < wk.ktiles; ++kt) {
       ptx::mbarrier_wait(full_bar(s), phase);
       if constexpr (!A_KMAJOR && !B_KMAJOR) {  // (16-bit operands only)
@@ -441,9 +461,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               }
             }
             ptx::wgmma_wait_group<0>();
-            if (kStagedScales && mb == Tr::kMB - 1 && h == kHalves - 1)
-              __syncwarp();  // the warp's reads of the stage's scales before its arrival
-            if (mb == Tr::kMB - 1 && h == kHalves - 1 && (kStagedScales ? t % 32 : t) == 0) {
+            if (mb == Tr::kMB - 1 && h == kHalves - 1 && (kStagedScales || t == 0)) {
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
