@@ -274,6 +274,51 @@ def test_block_scales(pair):
     assert not fails, "\n".join(fails)
 
 
+FP8_ROWS = tuple(c.name for c in configs.CONFIGS if c.fp8)
+
+
+@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.parametrize("row", FP8_ROWS)
+def test_every_fp8_row(row, monkeypatch):
+    """Each sm90 row with fp8 kernels, forced (whatever the planner would pick), with 1-3 K
+    slices: block and per-tensor scales, M not a multiple of 4 (the staged rows' padded scale
+    rows), both b layouts, e4m3 / e5m2 pairs, bfloat16 and float32 out; against float64."""
+    from jax_tcgemm import scaled
+    fails = []
+    for (m, n, k), tb, split, pair, out_dtype in (((130, 300, 1024), False, 1, PAIRS[0], F32),
+                                                 ((130, 300, 1024), False, 3, PAIRS[1], BF16),
+                                                 ((509, 260, 640), True, 1, PAIRS[2], BF16),
+                                                 ((509, 260, 640), True, 2, PAIRS[0], F32),
+                                                 ((97, 129, 512), True, 1, PAIRS[1], F32)):
+        monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
+        for block in (True, False):
+            rng = np.random.default_rng(seed_of("row", row, m, split, block))
+            kb, nb = -(-k // 128), -(-n // 128)
+            a = quantised(rng, (m, k), pair[0])
+            b = quantised(rng, (n, k) if tb else (k, n), pair[1])
+            if block:
+                sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
+                sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
+            else:
+                sa, sb = scales(rng, "tensor", m), scales(rng, "tensor", n)
+
+            def fn(a, b, sa, sb):
+                return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=tb)
+            args = (a, b, sa, sb)
+            what = (f"{row} split {split} {pair[0].name}x{pair[1].name} {m}x{n}x{k} "
+                    f"transpose_b={tb} block={block} -> {out_dtype.name}")
+            if not uses_kernel(fn, *args):
+                fails.append(f"{what}: the compiled product does not call the kernel")
+                continue
+            out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+            want = reference(a, b, sa, sb, None, None, 0.0, None, tb)
+            tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
+            err = rel_err(out, want)
+            if not same or not err <= tol:
+                fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+    assert not fails, "\n".join(fails)
+
+
 @pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
 @pytest.mark.parametrize("dims", [(((1,), (0,)), ((), ())), (((2,), (1,)), ((), ())),
                                   (((0,), (0,)), ((), ()))], ids=str)
