@@ -298,6 +298,32 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.block_sa_ld + row) : 0.0f;
       }
   };
+  // Stage st's staged scales (Sm90Traits::StagedScales): a's of this thread's rows, b's of the
+  // tile's 128-column blocks.
+  auto read_staged_scales = [&](int st, float (&sa)[Tr::kMB][2], float (&sb)[kHalves]) {
+#pragma unroll
+    for (int i = 0; i < Tr::kMB; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        sa[i][e] = ptx::ld_shared_f32(scale_stage(st) +
+                                      4 * (64 * (mb0 + i) + scale_row + 8 * e));
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      sb[h] = ptx::ld_shared_f32(scale_stage(st) + 4 * (Tr::kBM + h));
+  };
+  // A finished piece P (m64 block mb, columns 128 h ..) added into the float32 sums: with
+  // `scaled`, times its block scales (sa: rows r and r + 8; sb: the column block's), or as is.
+  auto add_piece = [&](const auto& P, int mb, int h, bool scaled, const float (&sa)[2],
+                       float sb) {
+    if (scaled) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
+        acc[mb][64 * h + i] = fmaf(P[i], sa[(i >> 1) & 1] * sb, acc[mb][64 * h + i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[mb][64 * h + i] += P[i];
+    }
+  };
   int64_t w_seen = blockIdx.x;  // ping-pong: the block's next item not accounted for
   for (int64_t w = w_first;; w += w_step) {
     if constexpr (Tr::kPingPong) {
@@ -342,25 +368,12 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
           ptx::mbarrier_wait(full_bar(s), phase);
           issue_piece(Q, s);
         }
-        float sa0 = 1.0f, sa1 = 1.0f, sb = 1.0f;  // k tile kt's block scales, from its stage
-        if (block) {
-          const uint32_t at = scale_stage(st) + 4 * (64 * mb0 + scale_row);
-          sa0 = ptx::ld_shared_f32(at);
-          sa1 = ptx::ld_shared_f32(at + 32);
-          sb = ptx::ld_shared_f32(scale_stage(st) + 4 * Tr::kBM);
-        }
+        float csa[1][2] = {}, csb[1] = {};  // k tile kt's block scales, from its stage
+        if (block) read_staged_scales(st, csa, csb);
         ptx::wgmma_wait_group<more ? 1 : 0>();
         ptx::wgmma_fence_operands(P);
         ptx::mbarrier_arrive(empty_bar(st));  // this thread is done with the stage
-        if (block) {
-          const float s0 = sa0 * sb, s1 = sa1 * sb;
-#pragma unroll
-          for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
-            acc[0][i] = fmaf(P[i], (i >> 1) & 1 ? s1 : s0, acc[0][i]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc[0][i] += P[i];
-        }
+        add_piece(P, 0, 0, block, csa[0], csb[0]);
       };
       using Next = std::true_type;
       using Last = std::false_type;
@@ -447,15 +460,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
             if (kBlockScales && mb == 0 && h == 0 && p.block_sa) {
               if constexpr (kStagedScales) {  // this k tile's, from its stage
-#pragma unroll
-                for (int i = 0; i < Tr::kMB; ++i)
-#pragma unroll
-                  for (int e = 0; e < 2; ++e)
-                    csa[i][e] = ptx::ld_shared_f32(scale_stage(s) +
-                                                   4 * (64 * (mb0 + i) + scale_row + 8 * e));
-#pragma unroll
-                for (int i = 0; i < kHalves; ++i)
-                  csb[i] = ptx::ld_shared_f32(scale_stage(s) + 4 * (Tr::kBM + i));
+                read_staged_scales(s, csa, csb);
               } else if (kt + 1 < wk.ktiles) {
                 load_block_scales(kt + 1);
               }
@@ -465,15 +470,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
-            if (kBlockScales && p.block_sa) {
-#pragma unroll
-              for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
-                acc[mb][64 * h + i] =
-                    fmaf(part[i], csa[mb][(i >> 1) & 1] * csb[h], acc[mb][64 * h + i]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < 64; ++i) acc[mb][64 * h + i] += part[i];
-            }
+            add_piece(part, mb, h, kBlockScales && p.block_sa, csa[mb], csb[h]);
           }
         }
         if (pair) {  // the pair's first stage; the loop's step below moves past the second
