@@ -58,6 +58,15 @@ def scales(rng, form, n):
     return rng.uniform(0.5, 2.0, size=n).astype(np.float32)
 
 
+def block_scales(rng, m, n, k, transpose_b):
+    """DeepSeek-V3 block scales in [0.5, 2]: a's (M, ceil(K/128)), b's (ceil(K/128),
+    ceil(N/128)) or, with transpose_b, (ceil(N/128), ceil(K/128)) (b's layout)."""
+    kb, nb = -(-k // 128), -(-n // 128)
+    sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (nb, kb) if transpose_b else (kb, nb)).astype(np.float32)
+    return sa, sb
+
+
 def reference(a, b, sa, sb, c, bias, beta, activation, transpose_b):
     """float64 result of the quantised operands (b as given), scales, epilogue. A 2-D sa is the
     block form: sa (M, Kb), sb (Kb, Nb) or, with transpose_b, (Nb, Kb); each 128-slice of K's
@@ -102,6 +111,19 @@ def run_poisoned(fn, out_aval, *args):
         first = np.asarray(run(poison(), *args)[0][0])
         second = np.asarray(run(poison(), *args)[0][0])
     return second, np.array_equal(first.view(np.uint8), second.view(np.uint8))
+
+
+def check_fp8(fails, what, fn, args, want, out_dtype, k):
+    """An fp8 product fn(*args) on the kernel, run twice into poisoned outputs, against float64
+    `want`: each miss is appended to `fails`."""
+    if not uses_kernel(fn, *args):
+        fails.append(f"{what}: the compiled product does not call the kernel")
+        return
+    out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+    tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
+    err = rel_err(out, want)
+    if not same or not err <= tol:
+        fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
 
 
 SHAPES = ((200, 136, 512), (129, 300, 1040), (1, 1, 16), (64, 128, 128), (517, 1000, 4096))
@@ -249,28 +271,18 @@ def test_block_scales(pair):
                                           ((1, 1000, 4112), True, F16, False),
                                           ((515, 260, 144), False, F32, False)):
         rng = np.random.default_rng(seed_of("block", ta.name, tb_dtype.name, m, n, k, tb))
-        kb, nb = -(-k // 128), -(-n // 128)
         a = quantised(rng, (m, k), ta)
         b = quantised(rng, (n, k) if tb else (k, n), tb_dtype)
-        sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
-        sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
+        sa, sb = block_scales(rng, m, n, k, tb)
         bias = rng.standard_normal(n).astype(np.float32) if epi else None
         act = "relu" if epi else None
 
         def fn(a, b, sa, sb, bias):
             return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
                                     activation=act, transpose_b=tb)
-        args = (a, b, sa, sb, bias)
         what = f"{ta.name}x{tb_dtype.name} {m}x{n}x{k} transpose_b={tb} -> {out_dtype.name}"
-        if not uses_kernel(fn, *args):
-            fails.append(f"{what}: the compiled product does not call the kernel")
-            continue
-        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
-        want = reference(a, b, sa, sb, None, bias, 0.0, act, tb)
-        tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
-        err = rel_err(out, want)
-        if not same or not err <= tol:
-            fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+        check_fp8(fails, what, fn, (a, b, sa, sb, bias),
+                  reference(a, b, sa, sb, None, bias, 0.0, act, tb), out_dtype, k)
     assert not fails, "\n".join(fails)
 
 
@@ -293,29 +305,17 @@ def test_every_fp8_row(row, monkeypatch):
         monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
         for block in (True, False):
             rng = np.random.default_rng(seed_of("row", row, m, split, block))
-            kb, nb = -(-k // 128), -(-n // 128)
             a = quantised(rng, (m, k), pair[0])
             b = quantised(rng, (n, k) if tb else (k, n), pair[1])
-            if block:
-                sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
-                sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
-            else:
-                sa, sb = scales(rng, "tensor", m), scales(rng, "tensor", n)
+            sa, sb = (block_scales(rng, m, n, k, tb) if block else
+                      (scales(rng, "tensor", m), scales(rng, "tensor", n)))
 
             def fn(a, b, sa, sb):
                 return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=tb)
-            args = (a, b, sa, sb)
             what = (f"{row} split {split} {pair[0].name}x{pair[1].name} {m}x{n}x{k} "
                     f"transpose_b={tb} block={block} -> {out_dtype.name}")
-            if not uses_kernel(fn, *args):
-                fails.append(f"{what}: the compiled product does not call the kernel")
-                continue
-            out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
-            want = reference(a, b, sa, sb, None, None, 0.0, None, tb)
-            tol = FP8_F32_BOUND if out_dtype == F32 else bound(out_dtype, k)
-            err = rel_err(out, want)
-            if not same or not err <= tol:
-                fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+            check_fp8(fails, what, fn, (a, b, sa, sb),
+                      reference(a, b, sa, sb, None, None, 0.0, None, tb), out_dtype, k)
     assert not fails, "\n".join(fails)
 
 
@@ -367,10 +367,8 @@ def test_scaled_fuzz():
         act = None if out_dtype == I32 else (None, "relu", "gelu_tanh", "silu")[rng.integers(4)]
         a = quantised(rng, (m, k), ta)
         b = quantised(rng, (n, k) if tb else (k, n), tbd)
-        kb, nb = -(-k // 128), -(-n // 128)
         if fa == "block":
-            sa = rng.uniform(0.5, 2, (m, kb)).astype(np.float32)
-            sb = rng.uniform(0.5, 2, (nb, kb) if tb else (kb, nb)).astype(np.float32)
+            sa, sb = block_scales(rng, m, n, k, tb)
         else:
             sa, sb = scales(rng, fa, m), scales(rng, fb, n)
         if ta == I8 and out_dtype != I32:
