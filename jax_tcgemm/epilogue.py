@@ -103,7 +103,7 @@ def c_operand(c, out_shape, out_dtype, fn, desc):
                         f"float32; got {c.dtype}")
     out_shape = tuple(out_shape)
     try:
-        if np.broadcast_shapes(c.shape, out_shape) != out_shape:
+        if jnp.broadcast_shapes(c.shape, out_shape) != out_shape:
             raise ValueError
     except ValueError:
         raise ValueError(f"jax_tcgemm.{fn}: c{c.shape} does not broadcast to the result "
@@ -133,3 +133,24 @@ def kernel_bias(bias):
     """A floating bias as the kernels read it: float16, bfloat16 and float32 as they are (no
     conversion pass before the product), other float types as float32."""
     return bias if np.dtype(bias.dtype) in C_DTYPES else bias.astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cotangents of the backward products (the transpose rules of tcgemm_p and tcgemm_ragged_p).
+
+def narrow_cotangent(ct, dtype):
+    """(g, inv): the cotangent ct as the operand dtype of a backward product, and the float32
+    scalar that product must be multiplied by (None: 1). lax multiplies a float32 cotangent in
+    float32; cast to float16 as it is, its small values would flush to 0 and its large ones
+    overflow to inf. So a cotangent of a wider range than float16 (float32, bfloat16) is first
+    scaled by the power of two that puts its largest finite magnitude in [2^14, 2^15): exact,
+    and the product's own float32 epilogue undoes it (alpha * inv). bfloat16 and float32
+    operands have float32's exponent range and take ct as it is."""
+    dtype = np.dtype(dtype)
+    if dtype != np.dtype(jnp.float16) or np.dtype(ct.dtype) == dtype:
+        return ct.astype(dtype), None
+    x = ct.astype(jnp.float32)
+    top = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0))
+    _, e = jnp.frexp(top)                 # top = f * 2^e, f in [0.5, 1); frexp(0) = (0, 0)
+    p = jnp.clip(15 - e, -126, 126)        # 2^p and 2^-p both normal float32
+    return (x * jnp.ldexp(jnp.float32(1.0), p)).astype(dtype), jnp.ldexp(jnp.float32(1.0), -p)

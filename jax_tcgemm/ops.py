@@ -23,7 +23,7 @@ from jax.numpy import matmul as _jnp_matmul
 
 from . import epilogue
 from .primitive import tcgemm
-from .problem import OPERAND_DTYPES, OUT_DTYPES, canonical_precision
+from .problem import OPERAND_DTYPES, OUT_DTYPES, canonical_precision, symbolic
 
 
 def _as_array(x, name):
@@ -115,7 +115,7 @@ def matmul(a, b, *, out_dtype=None, precision=None):
                          f"{a.dtype} @ b{b.shape} {b.dtype} (K = {a2.shape[-1]} vs "
                          f"{b2.shape[-2]})")
     try:
-        np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        jnp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     except ValueError:
         raise ValueError(f"jax_tcgemm.matmul: batch dimensions do not broadcast: a{a.shape} @ "
                          f"b{b.shape}") from None
@@ -311,7 +311,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
         raise ValueError(f"jax_tcgemm.gemm: contracting dimensions differ (K = {k} vs {kb}): "
                          f"{desc}, transpose_a={transpose_a}, transpose_b={transpose_b}")
     try:
-        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        batch = tuple(jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     except ValueError:
         raise ValueError(f"jax_tcgemm.gemm: batch dimensions do not broadcast: {desc}") from None
     out_shape = batch + (m, n)
@@ -322,7 +322,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
     bias2 = None if bias is None else epilogue.bias_operand(_as_array(bias, "bias"), n, "gemm",
                                                             desc)
     al, be, scale = epilogue.scale_operand(alpha, beta, "gemm")
-    if (bsz > 1 and not transpose_a and math.prod(b.shape[:-2]) == 1
+    if ((symbolic(bsz) or bsz > 1) and not transpose_a and math.prod(b.shape[:-2]) == 1
             and (c3 is None or (c3.shape[0] == bsz and c3.shape[1] == m)
                  or (c3.shape[0] == 1 and c3.shape[1] == 1))):
         # b shared by the batch: one GEMM over the batch's rows stacked (M' = B * M), whose

@@ -85,7 +85,7 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
     bt, m, n, ka, kb = dims(a.shape, b.shape, transpose_a, transpose_b)
     if ka != kb:
         raise ValueError(f"tcgemm: contracting sizes differ ({ka} vs {kb}): {desc}")
-    if max(m, n, ka) >= 2**31:
+    if any(not problem.symbolic(d) and d >= 2**31 for d in (m, n, ka)):
         raise ValueError(f"tcgemm: M, N and K must each be below 2^31: {desc}")
     if a.shape[0] not in (1, bt) or b.shape[0] not in (1, bt):
         raise ValueError(f"tcgemm: batch sizes must be equal or 1: {desc}")
@@ -388,14 +388,16 @@ def _transpose(cts, *args, **params):
     (ct,) = cts
     ta, tb = params["transpose_a"], params["transpose_b"]
     prec, prec_swapped = params["precision"], swap_precision(params["precision"])
-    al_kw = dict(alpha=params["alpha"]) if scale is None else {}
-    sc = None if scale is None else jnp.stack([scale[0], jnp.float32(0.0)])
     res = [None] * len(args)
     if type(ct) is ad.Zero:
         return res
+    g, inv = epilogue.narrow_cotangent(ct, (b if ad.is_undefined_primal(a) else a).dtype)
+    al_kw, sc = dict(alpha=params["alpha"]), None  # alpha static, or traced (scale[0]) or
+    if scale is not None or inv is not None:       # undoing the cotangent's scaling (inv)
+        al = scale[0] if scale is not None else jnp.float32(params["alpha"])
+        al_kw, sc = {}, jnp.stack([al if inv is None else al * inv, jnp.float32(0.0)])
     if ad.is_undefined_primal(a):
         av = a.aval
-        g = ct.astype(b.dtype)
         acc = np.dtype(np.float32) if av.shape[0] != g.shape[0] else av.dtype
         if not ta:  # dA (M, K) = alpha dC (M, N) . op(B)^T (N, K)
             da = tcgemm(g, b, scale=sc, transpose_a=False, transpose_b=not tb, out_dtype=acc,
@@ -406,7 +408,6 @@ def _transpose(cts, *args, **params):
         res[0] = _sum_to(da, av.shape).astype(av.dtype)
     if ad.is_undefined_primal(b):
         bv = b.aval
-        g = ct.astype(a.dtype)
         acc = np.dtype(np.float32) if bv.shape[0] != g.shape[0] else bv.dtype
         if not tb:  # dB (K, N) = alpha op(A)^T (K, M) . dC (M, N)
             db = tcgemm(a, g, scale=sc, transpose_a=not ta, transpose_b=False, out_dtype=acc,
@@ -579,15 +580,14 @@ tcgemm_dact_p.def_abstract_eval(_dact_abstract)
 tcgemm_dbcast_p.def_abstract_eval(_dbcast_abstract)
 # Over several devices tcgemm_p and tcgemm_dact_p lower through custom_partitioning
 # (sharding.py), which binds them again on the local shards; there they lower directly.
-
-_gemm, _dact = sharding.gemm_rule, sharding.dact_rule
-mlir.register_lowering(tcgemm_p, sharding.partitioned(_fallback_lowering, tcgemm_p, _gemm))
-mlir.register_lowering(tcgemm_p, sharding.partitioned(_cuda_lowering, tcgemm_p, _gemm),
-                       platform="cuda")
-mlir.register_lowering(tcgemm_dact_p, sharding.partitioned(
-    mlir.lower_fun(_dact_ref, multiple_results=True), tcgemm_dact_p, _dact))
-mlir.register_lowering(tcgemm_dact_p, sharding.partitioned(_dact_cuda, tcgemm_dact_p, _dact),
-                       platform="cuda")
+# Symbolic shapes (shape polymorphism) lower through lax on every platform (symbolic_or).
+_dact_lax = mlir.lower_fun(_dact_ref, multiple_results=True)
+for _plat, _low, _dlow in ((None, _fallback_lowering, _dact_lax),
+                           ("cuda", _cuda_lowering, _dact_cuda)):
+    mlir.register_lowering(tcgemm_p, sharding.symbolic_or(_fallback_lowering, sharding.partitioned(
+        _low, tcgemm_p, sharding.gemm_rule)), platform=_plat)
+    mlir.register_lowering(tcgemm_dact_p, sharding.symbolic_or(_dact_lax, sharding.partitioned(
+        _dlow, tcgemm_dact_p, sharding.dact_rule)), platform=_plat)
 mlir.register_lowering(tcgemm_dbcast_p, mlir.lower_fun(_dbcast_ref, multiple_results=False))
 batching.primitive_batchers[tcgemm_p] = _batch_rule
 batching.primitive_batchers[tcgemm_dact_p] = _dact_batch

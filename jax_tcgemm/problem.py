@@ -49,6 +49,12 @@ def dims(a_shape, b_shape, transpose_a, transpose_b):
     return batch, m, n, ka, kb
 
 
+def symbolic(*dims) -> bool:
+    """Whether any of the dims is symbolic (shape polymorphism, jax.export): such a product
+    is planned at run time by no one, so it lowers through lax (primitive._cuda_lowering)."""
+    return any(jax.export.is_symbolic_dim(d) for d in dims)
+
+
 def layout_name(transpose_a: bool, transpose_b: bool) -> str:
     return ("T" if transpose_a else "N") + ("T" if transpose_b else "N")
 

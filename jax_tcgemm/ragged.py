@@ -148,7 +148,7 @@ def _abstract_eval(a, b, gs, *bias, mode, transpose_b, out_dtype, activation, ha
                          f"{desc}")
     if groups < 1:
         raise ValueError(f"tcgemm_ragged: needs at least one group: {desc}")
-    if max(m, n, k, groups) >= 2**31:
+    if any(not problem.symbolic(d) and d >= 2**31 for d in (m, n, k, groups)):
         raise ValueError(f"tcgemm_ragged: M, N, K and G must each be below 2^31: {desc}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"tcgemm_ragged: unknown activation {activation!r}; known: {ACTIVATIONS}")
@@ -347,21 +347,26 @@ def _transpose(cts, a, b, gs, *bias, mode, transpose_b, out_dtype, activation, h
     if activation != "none":
         raise NotImplementedError("tcgemm_ragged: the activation is not linear")
     ua, ub = ad.is_undefined_primal(a), ad.is_undefined_primal(b)
+    g, inv = epilogue.narrow_cotangent(ct, (b if ua else a).dtype)
+
+    def prod(x, y, aval, **kw):  # out = inv * x . y (float32 before the rounding when scaled)
+        if inv is None:
+            return ragged(x, y, gs, out_dtype=aval.dtype, **kw)
+        return (ragged(x, y, gs, out_dtype=F32, **kw) * inv).astype(aval.dtype)
+
     if mode == 0:
         if ua:  # d a (M, K) = ct (M, N) . op(b[g])^T: the same rows, transpose_b flipped
-            res[0] = ragged(ct.astype(b.dtype), b, gs, transpose_b=not transpose_b,
-                            out_dtype=a.aval.dtype)
+            res[0] = prod(g, b, a.aval, transpose_b=not transpose_b)
         if ub:  # d b[g] = a[rows].T ct[rows] (K, N), or ct[rows].T a[rows] (N, K) stored
-            g = ct.astype(a.dtype)
             x, y = (g, a) if transpose_b else (a, g)
-            res[1] = ragged(x, y, gs, mode=1, out_dtype=b.aval.dtype)
+            res[1] = prod(x, y, b.aval, mode=1)
         if has_bias and ad.is_undefined_primal(bias[0]):
             res[3] = _group_sums(ct, gs, bias[0].aval.dtype)
     else:
         if ua:  # d a[r] = ct[g] (K, N) . b[r] (N): b against ct stored (G, K, N) as (G, N', K')
-            res[0] = ragged(b, ct.astype(b.dtype), gs, transpose_b=True, out_dtype=a.aval.dtype)
+            res[0] = prod(b, g, a.aval, transpose_b=True)
         if ub:  # d b[r] = a[r] (K) . ct[g] (K, N)
-            res[1] = ragged(a, ct.astype(a.dtype), gs, out_dtype=b.aval.dtype)
+            res[1] = prod(a, g, b.aval)
     return res
 
 
@@ -370,10 +375,10 @@ def _transpose(cts, a, b, gs, *bias, mode, transpose_b, out_dtype, activation, h
 
 tcgemm_ragged_p.def_impl(lambda *xs, **params: _jitted_impl(tcgemm_ragged_p, **params)(*xs))
 tcgemm_ragged_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(tcgemm_ragged_p, sharding.partitioned(
-    _fallback_lowering, tcgemm_ragged_p, sharding.ragged_rule))
-mlir.register_lowering(tcgemm_ragged_p, sharding.partitioned(
-    _cuda_lowering, tcgemm_ragged_p, sharding.ragged_rule), platform="cuda")
+for _plat, _lax_low, _low in ((None, _fallback_lowering, _fallback_lowering),
+                             ("cuda", _lax_gpu_lowering, _cuda_lowering)):
+    mlir.register_lowering(tcgemm_ragged_p, sharding.symbolic_or(_lax_low, sharding.partitioned(
+        _low, tcgemm_ragged_p, sharding.ragged_rule)), platform=_plat)
 batching.primitive_batchers[tcgemm_ragged_p] = _batch_rule
 ad.primitive_jvps[tcgemm_ragged_p] = _jvp
 ad.primitive_transposes[tcgemm_ragged_p] = _transpose

@@ -43,7 +43,7 @@ from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import epilogue as _epilogue
-from .problem import dims as _dims, split_operands
+from .problem import dims as _dims, split_operands, symbolic as _symbolic
 
 _RESULT = ("b", "m", "n")
 _OWN = ("sa", "sb", "cb", "cm", "cn", "zb", "s")  # size-1 (or scale) factors: never sharded
@@ -149,6 +149,17 @@ def dact_rule(shapes, params):
     reduction = tuple(f for f in ("b", "m") if not any(f in r for r in results))
     shared = params["has_dbias"] and not params["bias_batched"]
     return Rule((_RESULT, pre), results, reduction, ("zb",) if shared else ())
+
+
+def symbolic_or(lax_lowering, lowering):
+    """`lowering`, or `lax_lowering` where an operand or result has a symbolic dim (jax.export's
+    shape polymorphism: the kernels are planned, and their workspace sized, for concrete
+    sizes), outside `partitioned` so that custom_partitioning never sees one either."""
+    def rule(ctx, *args, **params):
+        if any(_symbolic(*av.shape) for av in (*ctx.avals_in, *ctx.avals_out)):
+            return lax_lowering(ctx, *args, **params)
+        return lowering(ctx, *args, **params)
+    return rule
 
 
 def partitioned(direct_lowering, prim, rule):

@@ -577,13 +577,50 @@ def test_matmul_zero_batch():
     assert out.shape == (0, 3, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG primitive._transpose: a float32 cotangent is "
-                   "cast to float16 before the transposed GEMM, so gradients whose cotangent is "
-                   "outside float16's range become 0 or inf (jnp.matmul's stay finite)")
 @pytest.mark.parametrize("scale,b_val", [(1e-9, 1e4), (1e5, 1e-3)], ids=str)
 def test_grad_f32_cotangent_range(scale, b_val):
+    """A float32 cotangent outside float16's range (1e-9, 1e5) still gives lax's finite,
+    nonzero gradients of float16 operands: the backward products scale it by a power of two
+    before the cast (epilogue.narrow_cotangent) and undo that in their epilogue."""
     a, b = jnp.ones((4, 8), F16), jnp.full((8, 3), b_val, F16)
     ours = jax.grad(lambda x: scale * tg.matmul(x, b, out_dtype=F32).sum())(a)
     want = jax.grad(lambda x: scale * jnp.matmul(x, b, preferred_element_type=F32).sum())(a)
-    assert np.all(np.isfinite(f64(want))) and np.all(f64(want) != 0)
+    assert np.all(np.isfinite(f64(want))) and np.all(f64(want) != 0) and ours.dtype == F16
     np.testing.assert_allclose(f64(ours), f64(want), rtol=2e-3)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)], ids=str)
+def test_grad_wide_cotangent_keeps_its_values(ta, tb):
+    """Cotangent rows of 2^-36 .. 2^-16 (below float16's range, float32 and, with out_dtype
+    bfloat16 of float16 operands, bfloat16) against b ~ 2^10, through tg.gemm with a traced
+    alpha, a batch-shared b and both layouts: gradients in float16's range equal the float64
+    ones of the cotangent as given, within float16 rounding (cast as it is, rows below 2^-24
+    would give zeros)."""
+    k1, k2, k3 = jax.random.split(jax.random.key(11), 3)
+    a = jax.random.normal(k1, (2, 8, 16) if not ta else (2, 16, 8), F32).astype(F16)
+    b = (1024 * jax.random.normal(k2, (16, 5) if not tb else (5, 16), F32)).astype(F16)
+    exps = jax.random.randint(k3, (2, 8, 1), -36, -16)
+    ct = jnp.ldexp(jax.random.uniform(k3, (2, 8, 5), F32, 1.0, 2.0), exps)
+    for out_dtype, cot in ((F32, ct), (BF16, ct.astype(BF16))):
+        alpha = jnp.float32(0.75)
+        f = lambda x, y: tg.gemm(x, y, alpha=alpha, transpose_a=ta, transpose_b=tb,  # noqa: E731
+                                 out_dtype=out_dtype)
+        _, vjp = jax.vjp(f, a, b)
+        ga, gb = vjp(cot)
+        assert ga.dtype == gb.dtype == F16
+        opa, opb = f64(a), f64(b)
+        opa = np.swapaxes(opa, 1, 2) if ta else opa
+        opb = opb.T if tb else opb
+        c64 = 0.75 * f64(cot)
+        want_a, mag_a = c64 @ opb.T, np.abs(c64) @ np.abs(opb).T
+        want_b = np.einsum("bmk,bmn->kn", opa, c64)
+        mag_b = np.einsum("bmk,bmn->kn", np.abs(opa), np.abs(c64))
+        tr = lambda x, t, f: f(x) if t else x  # noqa: E731
+        for got, want, mag in ((ga, tr(want_a, ta, lambda x: np.swapaxes(x, 1, 2)),
+                                tr(mag_a, ta, lambda x: np.swapaxes(x, 1, 2))),
+                               (gb, tr(want_b, tb, np.transpose), tr(mag_b, tb, np.transpose))):
+            # float16 rounding of each scaled ct term, then of the result (subnormal results:
+            # 2^-25); terms below 2^-24 of the largest |ct| (subnormals after scaling)
+            bound = 2.0**-10 * mag + 2.0**-11 * np.abs(want) + 2.0**-20 * mag.max() + 2.0**-25
+            assert np.all(np.isfinite(f64(got)))
+            assert np.all(np.abs(f64(got) - want) <= bound), np.max(np.abs(f64(got) - want) / bound)

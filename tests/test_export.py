@@ -155,3 +155,100 @@ def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
     assert len(tcgemm_calls(round_trip(export_cuda(g, a, b)).mlir_module())) == 3
     text = round_trip(export_cuda(tg.matmul, a, b)).mlir_module()
     assert not tcgemm_calls(text) and "dot_general" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape polymorphism: symbolic dims lower through lax (primitive.symbolic_or), on every
+# platform; the primitives stay in the jaxpr (grad, vmap as usual).
+
+def _sym_cases():
+    """name -> (function, argument specs with symbolic dims b, m, and float64 reference)."""
+    b, m = jax.export.symbolic_shape("b, m")
+    S = jax.ShapeDtypeStruct
+    rdn = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+
+    def ragged64(x, w, gs):
+        ends = np.minimum(np.cumsum(np.asarray(gs)), x.shape[0])
+        rows = np.searchsorted(ends, np.arange(x.shape[0]), side="right")
+        live = (np.arange(x.shape[0]) < ends[-1])[:, None]
+        return live * np.einsum("rk,rkn->rn", f64(x), f64(w)[np.minimum(rows, len(gs) - 1)])
+
+    def epi64(x, w, c, z):
+        pre = f64(x) @ f64(w) + 0.5 * f64(c) + f64(z)
+        return 0.5 * pre * (1 + np.tanh(0.7978845608028654 * (pre + 0.044715 * pre**3)))
+    return {
+        "matmul": (partial(tg.matmul, out_dtype=F32), (S((b, m, 24), F16), S((24, 9), F16)),
+                   lambda x, w: f64(x) @ f64(w)),
+        "gemm_epilogue": (lambda x, w, c, z: tg.gemm(x, w, c, beta=0.5, bias=z,
+                                                     activation="gelu_tanh", out_dtype=F32),
+                          (S((m, 24), BF16), S((24, 9), BF16), S((m, 9), F32), S((9,), F32)),
+                          epi64),
+        "dot_general_batch": (lambda x, w: tg.dot_general(x, w, (((2,), (1,)), ((0,), (0,))),
+                                                          preferred_element_type=F32),
+                              (S((b, m, 24), F16), S((b, 24, 9), F16)),
+                              lambda x, w: f64(x) @ f64(w)),
+        "ragged_dot": (lambda x, w, gs: tg.ragged_dot_general(x, w, gs, rdn,
+                                                              preferred_element_type=F32),
+                       (S((m, 24), BF16), S((4, 24, 9), BF16), S((4,), np.int32)), ragged64),
+    }
+
+
+def _sym_args(specs, sizes, tag):
+    """Concrete arrays for specs at sizes {"b": .., "m": ..}: fresh normals, group sizes."""
+    out = []
+    for i, s in enumerate(specs):
+        shape = tuple(d if isinstance(d, int) else sizes[str(d)] for d in s.shape)
+        if s.dtype == np.int32:
+            out.append(jnp.asarray([sizes["m"] // 3, 0, sizes["m"] // 2, 2], np.int32))
+        else:
+            out.append(rand((tag, i) + shape, shape, s.dtype))
+    return out
+
+
+@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot"])
+def test_symbolic_export_for_cpu_runs_at_any_size(name):
+    """Exported once with symbolic b and m, called at two sizes each: the values of jit at those
+    sizes, and the float64 reference within bounds; so is the gradient (matmul, gemm)."""
+    f, specs, ref = _sym_cases()[name]
+    exp = round_trip(jax.export.export(jax.jit(f), platforms=["cpu"])(*specs))
+    assert "custom_call @tcgemm" not in exp.mlir_module()
+    cpu = jax.devices("cpu")[0]
+    for sizes in ({"b": 1, "m": 5}, {"b": 3, "m": 37}):
+        args = [jax.device_put(x, cpu) for x in _sym_args(specs, sizes, ("sym", name))]
+        out = exp.call(*args)
+        np.testing.assert_allclose(f64(out), f64(jax.jit(f)(*args)), rtol=1e-6, atol=1e-6)
+        assert_close(out, ref(*args), F32, 24, f"{name} {sizes}")
+    if name in ("matmul", "gemm_epilogue"):
+        g = jax.grad(lambda *xs: f(*xs).sum(), argnums=(0, 1))
+        gexp = jax.export.export(jax.jit(g), platforms=["cpu"])(*specs)
+        args = [jax.device_put(x, cpu) for x in _sym_args(specs, {"b": 2, "m": 11}, ("g", name))]
+        for got, want in zip(gexp.call(*args), jax.jit(g)(*args)):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_allclose(f64(got), f64(want), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "ragged_dot"])
+def test_symbolic_export_for_cuda_lowers_through_lax(cuda_lowering, name):
+    """For CUDA, symbolic dims lower through lax (the kernels are planned for concrete sizes):
+    no custom call in the module, forward or backward; concrete dims keep the custom call."""
+    f, specs, _ = _sym_cases()[name]
+    text = round_trip(export_cuda(f, *specs)).mlir_module()
+    assert "stablehlo.custom_call @tcgemm" not in text and "dot_general" in text
+    if name != "ragged_dot":
+        g = jax.grad(lambda *xs: f(*xs).sum(), argnums=(0, 1))
+        assert "stablehlo.custom_call @tcgemm" not in export_cuda(g, *specs).mlir_module()
+        concrete = [jax.ShapeDtypeStruct(tuple(d if isinstance(d, int) else 7 for d in s.shape),
+                                         s.dtype) for s in specs]
+        assert tcgemm_calls(export_cuda(f, *concrete).mlir_module())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot"])
+def test_symbolic_export_for_cuda_runs_on_gpu(name):
+    """The symbolic export for CUDA, deserialized and called on the GPU at two sizes: within
+    bounds of the float64 reference."""
+    f, specs, ref = _sym_cases()[name]
+    exp = round_trip(export_cuda(f, *specs))
+    for sizes in ({"b": 1, "m": 5}, {"b": 3, "m": 130}):
+        args = _sym_args(specs, sizes, ("sym-gpu", name))
+        assert_close(exp.call(*args), ref(*args), F32, 24, f"{name} {sizes}")

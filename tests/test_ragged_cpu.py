@@ -359,6 +359,26 @@ def test_grad_is_ragged_kernels_and_matches_lax(form):
                      "wgrad": [(0, False), (0, True), (1, False)]}[form]
 
 
+def test_grad_of_float16_with_a_float32_cotangent_below_its_range():
+    """float16 operands, float32 result, cotangent ~ 2^-20 (a float16 subnormal, 4 bits): the
+    gradients keep float16 precision, as lax's float32 products do (epilogue.narrow_cotangent
+    scales it first; cast as it is, the relative error is ~2^-5)."""
+    gs = sizes_of("under", seed=3)
+    lhs = rand(("cot", "lhs"), (M, K), F32, scale=256.0).astype(F16)
+    w = rand(("cot", "w"), (G, K, N), F32, scale=256.0).astype(F16)
+    wt = rand(("cot", "wt"), (M, N), F32, scale=2.0**-20)
+    da, dw = jax.jit(jax.grad(_loss(tg.ragged_dot_general, wt, FWD), argnums=(0, 1)))(lhs, w, gs)
+    ends = ends64(gs, M)
+    grp = np.searchsorted(ends, np.arange(M), side="right")
+    live = (np.arange(M) < ends[-1])[:, None]
+    wg = f64(w)[np.minimum(grp, G - 1)]  # (M, K, N): each row's group's weight
+    da64 = live * np.einsum("rkn,rn->rk", wg, f64(wt))
+    dw64 = np.stack([f64(lhs)[s:e].T @ f64(wt)[s:e] for s, e in zip(np.r_[0, ends[:-1]], ends)])
+    assert da.dtype == dw.dtype == F16
+    assert_close(da, da64, F16, N, "d lhs")
+    assert_close(dw, dw64, F16, M, "d w")
+
+
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"], ids=str)
 @pytest.mark.parametrize("tb", [False, True], ids=["KN", "NK"])
 def test_ragged_gemm_epilogue_and_grad(act, tb):

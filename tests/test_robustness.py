@@ -549,10 +549,6 @@ def test_planted_pattern_is_what_the_tests_claim():
 # ---------------------------------------------------------------------------------------------
 # Symbolic dimensions (shape polymorphism: sizes unknown at trace time).
 
-@pytest.mark.xfail(strict=True, reason="BUG primitive._abstract_eval: its 2^31 size check "
-                   "(max(m, n, k) >= 2**31) compares symbolic dimensions, so a symbolic M "
-                   "raises InconclusiveDimensionOperation at trace time (planning moved to the "
-                   "lowering, so this check is what is left)")
 def test_symbolic_dims_trace():
     (m,) = export.symbolic_shape("m")
     out = jax.eval_shape(tg.matmul, jax.ShapeDtypeStruct((m, 8), F16),
