@@ -45,6 +45,13 @@ def _to3(x, batch):
     return x.reshape((math.prod(batch),) + x.shape[-2:])
 
 
+def _explicit_rows(x) -> bool:
+    """Whether x's rows (dim -2) are sharded over explicit mesh axes (jax.typeof's sharding):
+    then its batch's rows cannot be stacked by a reshape, which explicit sharding rejects."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec is not None and len(spec) >= 2 and spec[-2] is not None
+
+
 def _kernel_dtype(a, b, allowed=OPERAND_DTYPES) -> bool:
     return a.dtype == b.dtype and np.dtype(a.dtype) in allowed
 
@@ -323,6 +330,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None, trans
                                                             desc)
     al, be, scale = epilogue.scale_operand(alpha, beta, "gemm")
     if ((symbolic(bsz) or bsz > 1) and not transpose_a and math.prod(b.shape[:-2]) == 1
+            and not _explicit_rows(a)
             and (c3 is None or (c3.shape[0] == bsz and c3.shape[1] == m)
                  or (c3.shape[0] == 1 and c3.shape[1] == 1))):
         # b shared by the batch: one GEMM over the batch's rows stacked (M' = B * M), whose
