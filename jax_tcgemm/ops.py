@@ -45,11 +45,19 @@ def _to3(x, batch):
     return x.reshape((math.prod(batch),) + x.shape[-2:])
 
 
-def _explicit_rows(x) -> bool:
-    """Whether x's rows (dim -2) are sharded over explicit mesh axes (jax.typeof's sharding):
-    then its batch's rows cannot be stacked by a reshape, which explicit sharding rejects."""
+def _explicit_spec(x) -> tuple:
+    """x's explicit mesh axes per dim (jax.typeof's sharding; None: not sharded). A reshape
+    that merges dims is rejected by explicit sharding where any but the first of them is
+    sharded, so the products below keep such dims apart (as batch)."""
     spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    return spec is not None and len(spec) >= 2 and spec[-2] is not None
+    spec = () if spec is None else tuple(spec)
+    return spec + (None,) * (x.ndim - len(spec))
+
+
+def _explicit_rows(x) -> bool:
+    """Whether x's rows (dim -2) are sharded over explicit mesh axes: then its batch's rows
+    cannot be stacked into one product's M."""
+    return x.ndim >= 2 and _explicit_spec(x)[-2] is not None
 
 
 def _kernel_dtype(a, b, allowed=OPERAND_DTYPES) -> bool:
@@ -271,8 +279,14 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     l_free = lhs.shape[nb + nc:] if ta else lhs.shape[nb:nb + len(lf)]
     r_free = rhs.shape[nb:nb + len(rf)] if tb else rhs.shape[nb + nc:]
     bsz, m, n = math.prod(batch), math.prod(l_free), math.prod(r_free)
+    # lhs's free dims after its last explicitly sharded one form M, those before it a batch
+    # that shares rhs (no batch dims only; explicit sharding rejects merging them all)
+    cut = 0 if nb or ta else max((i for i, e in enumerate(_explicit_spec(lhs)[:len(lf)])
+                                  if e is not None), default=0)
+    if cut:
+        bsz, m = math.prod(l_free[:cut]), math.prod(l_free[cut:])
     a3 = lhs.reshape((bsz, k, m) if ta else (bsz, m, k))
-    b3 = rhs.reshape((bsz, n, k) if tb else (bsz, k, n))
+    b3 = rhs.reshape(((1 if cut else bsz),) + ((n, k) if tb else (k, n)))
     out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
                  precision=precision)
     out_shape = batch + l_free + r_free

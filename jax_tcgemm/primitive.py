@@ -117,7 +117,8 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
             raise ValueError(f"tcgemm: config {config} has kernels for fp8 operands only: {desc}")
         if not 1 <= split <= configs.MAX_SPLIT_K:
             raise ValueError(f"tcgemm: split_k must be in [1, {configs.MAX_SPLIT_K}]; got {split}")
-    out = jax.core.ShapedArray((bt, m, n), np.dtype(out_dtype))
+    out = jax.core.ShapedArray((bt, m, n), np.dtype(out_dtype),
+                               **sharding.result_sharding(a, b, transpose_a, transpose_b))
     return [out, out] if aux else [out]
 
 
@@ -441,7 +442,7 @@ def _dbcast_ref(pre, t, *tbias, activation, has_bias, out_dtype):
 
 
 def _dbcast_abstract(pre, t, *tbias, activation, has_bias, out_dtype):
-    return jax.core.ShapedArray(t.shape, np.dtype(out_dtype))
+    return jax.core.ShapedArray(t.shape, np.dtype(out_dtype), sharding=t.sharding)
 
 
 def _dbcast_transpose(ct, pre, t, *tbias, activation, has_bias, out_dtype):
@@ -501,11 +502,10 @@ def _dact_ref(ct, pre, *, activation, has_g, has_dbias, g_dtype, bias_batched):
 def _dact_abstract(ct, pre, *, activation, has_g, has_dbias, g_dtype, bias_batched):
     if ct.ndim != 3:
         raise ValueError(f"tcgemm_dact: ct must have rank 3; got {ct.shape}")
-    outs = [jax.core.ShapedArray(ct.shape, np.dtype(g_dtype))] if has_g else []
-    if has_dbias:
-        outs.append(jax.core.ShapedArray(
-            ((ct.shape[0] if bias_batched else 1), ct.shape[2]), np.dtype(np.float32)))
-    return outs
+    g = jax.core.ShapedArray(ct.shape, np.dtype(g_dtype), sharding=ct.sharding)
+    db = jax.core.ShapedArray(((ct.shape[0] if bias_batched else 1), ct.shape[2]),
+                              np.dtype(np.float32), **sharding.dbias_sharding(ct, bias_batched))
+    return [g] * has_g + [db] * has_dbias
 
 
 def _dact_cuda(ctx, ct, pre, *, activation, has_g, has_dbias, g_dtype, bias_batched):

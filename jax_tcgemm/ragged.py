@@ -166,7 +166,9 @@ def _abstract_eval(a, b, gs, *bias, mode, transpose_b, out_dtype, activation, ha
                              f"grouped kernels (an sm90 row, or an sm80 row with grouped "
                              f"kernels); got {plan!r}; known: {grouped}")
     shape = (m, n) if mode == 0 else (groups, k, n)
-    return [jax.core.ShapedArray(shape, np.dtype(out_dtype))]
+    typed = (sharding.typed((a, 0), (b, 1 if transpose_b else 2)) if mode == 0  # rows of a
+             else sharding.typed(None, (a, 1), (b, 1)))  # (G, K, N): rows summed away
+    return [jax.core.ShapedArray(shape, np.dtype(out_dtype), **typed)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,10 +447,12 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     if group_offset is not None:
         return _lax_ragged_dot_general(lhs, rhs, gs, dn, **lax_kw)
     try:  # lax's checks and result type, on shapes only; our message adds the shapes
-        want = jax.eval_shape(
-            lambda x, y, g: _lax_ragged_dot_general(
-                x, y, g, dn, precision=precision, preferred_element_type=preferred_element_type),
-            *(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (lhs, rhs, gs)))
+        with sharding.meshless():
+            want = jax.eval_shape(
+                lambda x, y, g: _lax_ragged_dot_general(
+                    x, y, g, dn, precision=precision,
+                    preferred_element_type=preferred_element_type),
+                *(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (lhs, rhs, gs)))
     except (TypeError, ValueError) as e:
         raise type(e)(f"jax_tcgemm.ragged_dot_general: {e} ({_describe(lhs, rhs, gs)}, "
                       f"{dn})") from None

@@ -223,6 +223,39 @@ def _assign(mesh, factors, shardings, even):
     return out
 
 
+def typed(*dims):
+    """ShapedArray's `sharding` keyword for a result under explicit mesh axes ({} where none):
+    result dim i takes the axes of operand dim dims[i] = (aval, index), or none (None), each
+    mesh axis once, in order. The rules below type our results as lax types a dot_general's
+    (batch, then the free dims of a, then b's); axes of summed dims are summed away (the
+    partitions psum them, so a K sharded on both sides is allowed where lax asks for an
+    out_sharding)."""
+    shards = [getattr(d[0], "sharding", None) if d else None for d in dims]
+    mesh = next((x.mesh for x in shards if x is not None and not x.mesh.empty), None)
+    if mesh is None:
+        return {}
+    used, out = set(), []
+    for d, sh in zip(dims, shards):
+        entry = None if sh is None or sh.mesh.empty else (tuple(sh.spec) + (None,) * 4)[d[1]]
+        axes = tuple(ax for ax in ((entry,) if isinstance(entry, str) else entry or ())
+                     if ax not in used)
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return {"sharding": NamedSharding(mesh, P(*out))} if any(out) else {}
+
+
+def result_sharding(a, b, transpose_a, transpose_b):
+    """tcgemm_p's result (batch, M, N): batch from a (b where a is shared), M from a, N
+    from b."""
+    batch = (a, 0) if a.shape[0] != 1 else (b, 0) if b.shape[0] != 1 else None
+    return typed(batch, (a, 2 if transpose_a else 1), (b, 1 if transpose_b else 2))
+
+
+def dbias_sharding(ct, bias_batched):
+    """tcgemm_dact_p's bias gradient (batch or 1, N): ct's rows (and batch) summed away."""
+    return typed((ct, 0) if bias_batched else None, (ct, 2))
+
+
 def _spec(factors, assignment):
     return P(*(assignment.get(f) or None for f in factors))
 
@@ -255,6 +288,24 @@ def _dact_local(prim, params, axes):
     return lower_fn
 
 
+def meshless():
+    """A context without the mesh `jax.set_mesh` made current (an empty abstract mesh): for
+    shape-only checks through lax (whose explicit-sharding rules may ask for an out_sharding
+    that a dtype check has no use for) and for _meshless."""
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
+
+
+def _meshless(fn):
+    """fn traced without the context mesh. custom_partitioning traces the local function
+    under the mesh `jax.set_mesh` made current; an explicit one puts sharding ops (custom call
+    "Sharding") into the per-device module, which nothing removes there (XLA: "No registered
+    implementation for untyped custom call to Sharding")."""
+    def local(*xs):
+        with meshless():
+            return fn(*xs)
+    return local
+
+
 def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
     if prim.name == "tcgemm_ragged":
         return ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes)
@@ -275,7 +326,7 @@ def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
                 else _dact_local(prim, params, axes))
     arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
     out_shardings = [NamedSharding(mesh, _spec(f, axes)) for f in factors.results]
-    return mesh, lower_fn, out_shardings, arg_shardings
+    return mesh, _meshless(lower_fn), out_shardings, arg_shardings
 
 
 _partitioned.def_partition(partition, sharding_rule=sharding_rule)
@@ -353,4 +404,4 @@ def ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
                              arg_shapes[2].shape[0])
     arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
     out_shardings = [NamedSharding(mesh, _spec(f, axes)) for f in factors.results]
-    return mesh, lower_fn, out_shardings, arg_shardings
+    return mesh, _meshless(lower_fn), out_shardings, arg_shardings

@@ -144,3 +144,12 @@ def test_epilogue_grad_two_gpus(mesh, kind, activation):
     case = epilogue_grad_case(mesh, kind, activation, bt=4, m=96, k=520, n=136)
     assert 'custom_call_target="tcgemm"' in case["text"]
     check_epilogue_grad(case, kind)
+
+
+@pytest.mark.parametrize("kind", ["M", "K"])
+def test_epilogue_grad_under_set_mesh_two_gpus(mesh, kind):
+    """The same inside `jax.set_mesh` over 2 GPUs (the context mesh must not reach the
+    per-device module: sharding._meshless); nothing gathered, every product our kernel."""
+    case = epilogue_grad_case(mesh, kind, "gelu_tanh", bt=4, m=96, k=520, n=136, set_mesh=True)
+    assert 'custom_call_target="tcgemm"' in case["text"]
+    check_epilogue_grad(case, kind)

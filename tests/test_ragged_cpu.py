@@ -15,6 +15,7 @@ tg.ragged_gemm and tcgemm_ragged_p.
   vmap of grad, jit, jax.export (CPU round trip; CUDA serialisation with a config override),
   the CUDA custom call's attributes, sharding on 4 CPU devices, and monkeypatch safety.
 """
+import contextlib
 import inspect
 import re
 
@@ -628,14 +629,20 @@ def _hlo_dots(text):
             for m in re.finditer(r"= \w+\[([\d,]*)\]\{[^}]*\} dot\(", text)]
 
 
-@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=str)
+@pytest.mark.parametrize("axis_type,set_mesh", [(AxisType.Explicit, False),
+                                                (AxisType.Auto, False),
+                                                (AxisType.Explicit, True)],
+                         ids=["Explicit", "Auto", "Explicit-set_mesh"])
 @pytest.mark.parametrize("kind", ["M", "G", "N"])
-def test_sharded_forward_and_grad(kind, axis_type):
+def test_sharded_forward_and_grad(kind, axis_type, set_mesh):
     """Data parallel (lhs rows over 4 devices): local products of M/4 rows, no collective in
     the forward, a float32 all-reduce of the weight gradient. Expert parallel (rhs groups over
     4 devices): each device its 2 groups' rows, one all-reduce of d. N sharded: local columns.
-    Values equal the unsharded result in every case (sizes with empties and sum < M)."""
+    Values equal the unsharded result in every case (sizes with empties and sum < M); also
+    inside `jax.set_mesh` (the result typed by sharding.typed, the local function traced
+    without the context mesh: sharding._meshless)."""
     mesh, m, g = _mesh(axis_type), 32, 8
+    ctx = jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext()
     lhs, rhs = operands(("shard", kind), BF16, m=m, g=g)
     gs = jnp.asarray([3, 0, 7, 2, 5, 0, 6, 4], jnp.int32)  # sum 27 < 32
     spec_l, spec_r = {"M": (P("d"), P()), "G": (P(), P("d")), "N": (P(), P(None, None, "d"))}[kind]
@@ -643,22 +650,26 @@ def test_sharded_forward_and_grad(kind, axis_type):
     y = jax.device_put(rhs, NamedSharding(mesh, spec_r))
     gsh = jax.device_put(gs, NamedSharding(mesh, P()))
     f = jax.jit(lambda *a: tg.ragged_dot(*a, preferred_element_type=F32))
-    assert "CustomSPMDPartitioning" in f.lower(x, y, gsh).as_text()
-    text = f.lower(x, y, gsh).compile().as_text()
+    with ctx:
+        assert "CustomSPMDPartitioning" in f.lower(x, y, gsh).as_text()
+        text = f.lower(x, y, gsh).compile().as_text()
+        out = f(x, y, gsh)
     assert "all-gather" not in text
     assert ("all-reduce" in text) == (kind == "G")
     want_dot = {"M": (m // 4, N), "G": (m, N), "N": (m, N // 4)}[kind]
     assert want_dot in _hlo_dots(text), _hlo_dots(text)
     assert kind != "G" or "bf16[2,24,20]" in text  # each device holds 2 groups' weights
-    assert_close(f(x, y, gsh), ragged64(lhs, rhs, gs), F32, K, f"{kind} sharded")
+    assert_close(out, ragged64(lhs, rhs, gs), F32, K, f"{kind} sharded")
     wt = rand(("shard-w",), (m, N), F32)
     loss = lambda a, b, gg: jnp.sum(wt * tg.ragged_dot(a, b, gg, preferred_element_type=F32))  # noqa: E731
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    gtext = grad.lower(x, y, gsh).compile().as_text()
+    with ctx:
+        gtext = grad.lower(x, y, gsh).compile().as_text()
+        grads = grad(x, y, gsh)
     if kind == "M":
         assert re.search(r"= f32\[8,24,20\][^=]*all-reduce", gtext), "wgrad: f32 all-reduce"
     single = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs, gs)
-    for got, ref in zip(grad(x, y, gsh), single):
+    for got, ref in zip(grads, single):
         assert_close(got, f64(ref), BF16, m, f"{kind} grad")
 
 

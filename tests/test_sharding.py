@@ -11,6 +11,7 @@ activation op after it; gradients match the unsharded ones. tests/test_multi_gpu
 same cases on 2 GPUs (`sharded_case`, `epilogue_case`, `epilogue_grad_case` and the checks are
 shared with it).
 """
+import contextlib
 import itertools
 import math
 import re
@@ -451,7 +452,7 @@ _STACKED_ROWS = ("auto axes: tg.gemm stacks the batch's rows for a shared b, (B,
                  "(1, B*M, K), which M sharding cannot follow (gathered)")
 
 
-def epilogue_grad_case(mesh, kind, activation, bt=8, m=16, k=64, n=48):
+def epilogue_grad_case(mesh, kind, activation, bt=8, m=16, k=64, n=48, set_mesh=False):
     """value_and_grad of sum(gemm(x, w, c, beta=0.5, bias, activation)^2) wrt x, w, c and
     bias with x batch- or M-sharded (data / sequence parallel), w N-sharded (column parallel)
     or K-sharded (row parallel), jitted over `mesh` (axis "d") and on its first device.
@@ -473,10 +474,12 @@ def epilogue_grad_case(mesh, kind, activation, bt=8, m=16, k=64, n=48):
 
     f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
     args = [jax.device_put(v, NamedSharding(mesh, s)) for v, s in zip((x, w, c, bias), specs)]
-    lowered = f.lower(*args)
-    compiled = lowered.compile()
+    with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():  # the context mesh
+        lowered = f.lower(*args)
+        compiled = lowered.compile()
+        sharded = compiled(*args)
     single = f(*[jax.device_put(a, mesh.devices.flat[0]) for a in (x, w, c, bias)])
-    return dict(sharded=compiled(*args), single=single, lowered=lowered.as_text(),
+    return dict(sharded=sharded, single=single, lowered=lowered.as_text(),
                 text=compiled.as_text(), rows=bt * m,
                 explicit=AxisType.Explicit in tuple(mesh.axis_types))
 
@@ -511,6 +514,16 @@ def test_epilogue_grad_under_sharding(mesh, kind, activation):
     check_epilogue_grad(epilogue_grad_case(mesh, kind, activation), kind)
 
 
+@pytest.mark.parametrize("kind", ["batch", "M", "N", "K"])
+def test_epilogue_grad_under_set_mesh(kind):
+    """The same inside `jax.set_mesh` (explicit axes): custom_partitioning traces the local
+    function under that context mesh, which must not leak sharding ops into the per-device
+    module (sharding._meshless; before it, XLA failed: no implementation of the custom call
+    "Sharding")."""
+    mesh = cpu_mesh((4,), ("d",))
+    check_epilogue_grad(epilogue_grad_case(mesh, kind, "gelu_tanh", set_mesh=True), kind)
+
+
 @pytest.mark.parametrize("precision", [None, "highest"], ids=["default", "highest"])
 def test_float32_sharded(mesh, precision):
     """float32 operands (tcgemm_p with its precision in the params) over 4 devices: M and K
@@ -524,3 +537,42 @@ def test_float32_sharded(mesh, precision):
         ga = jax.jit(jax.grad(lambda u, v: tg.matmul(u, v, precision=precision).sum()))(x, y)
         np.testing.assert_allclose(np.asarray(ga), np.broadcast_to(np.asarray(b).sum(1), a.shape),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["S", "B", "N"])
+def test_dense_dot_general_under_set_mesh(kind):
+    """A Dense layer's product, tg.dot_general(x (B, S, D), kernel (D, F)), inside
+    `jax.set_mesh` with explicit axes: sequence- (S), data- (B) or column- (F) parallel.
+    Result and gradients equal the single-device ones, each typed with lax.dot_general's
+    sharding at trace time (primitive._abstract_eval: sharding.result_sharding), and nothing
+    is gathered (an S-sharded x keeps B apart as the product's batch: ops.dot_general)."""
+    mesh = cpu_mesh((4,), ("d",))
+    x = rand(("dense-x", kind), (4, 16, 64), BF16)
+    w = rand(("dense-w", kind), (64, 32), BF16)
+    sx, sw = {"S": (P(None, "d"), P()), "B": (P("d"), P()), "N": (P(), P(None, "d"))}[kind]
+    dn = (((2,), (0,)), ((), ()))
+    types = {}
+
+    def loss(fn, x, w):
+        y = fn(x, w, dn, preferred_element_type=F32)
+        types[fn] = jax.typeof(y).sharding.spec
+        return jnp.sum(jnp.tanh(y) * y), y
+
+    xs, ws = jax.device_put(x, NamedSharding(mesh, sx)), jax.device_put(w, NamedSharding(mesh, sw))
+    with jax.set_mesh(mesh):
+        f = jax.jit(jax.value_and_grad(partial(loss, tg.dot_general), (0, 1), has_aux=True))
+        text = f.lower(xs, ws).compile().as_text()
+        (v, y), (gx, gw) = f(xs, ws)
+        jax.jit(jax.value_and_grad(partial(loss, jax.lax.dot_general), (0, 1), has_aux=True))(
+            xs, ws)
+    assert types[tg.dot_general] == types[jax.lax.dot_general], types
+    assert "all-gather" not in text, text
+    (v1, y1), (gx1, gw1) = jax.jit(jax.value_and_grad(partial(loss, tg.dot_general), (0, 1),
+                                                      has_aux=True))(x, w)
+    np.testing.assert_array_equal(f64(y), f64(y1))
+    np.testing.assert_allclose(float(v), float(v1), rtol=1e-5)
+    assert gx.sharding.is_equivalent_to(xs.sharding, 3)
+    assert gw.sharding.is_equivalent_to(ws.sharding, 2)
+    for g, g1 in ((gx, gx1), (gw, gw1)):
+        assert g.dtype == BF16
+        assert_close(g, f64(g1), BF16, 32, f"grad {kind}")
