@@ -38,11 +38,16 @@ SPECS = {"M": (P("d"), P()), "G": (P(), P("d")), "N": (P(), P(None, None, "d"))}
 
 
 def _custom_call_operands(text, target="tcgemm_ragged"):
-    """Operand shapes (as 'bf16[a,b]' strings) of each `target` custom call in compiled HLO."""
+    """Operand shapes (as 'bf16[a,b]' strings) of each `target` custom call in compiled HLO:
+    printed with the operands, or (where XLA prints bare operand names) in its
+    operand_layout_constraints."""
     out = []
     for line in text.splitlines():
         if f'custom_call_target="{target}"' in line:
             args = line.split("custom-call(", 1)[1].split(")", 1)[0]
+            if not re.search(r"\w+\[[\d,]*\]", args):
+                args = line.split("operand_layout_constraints={", 1)[-1]
+                args = args[:args.find("}, api_version") if "}, api_version" in args else None]
             out.append(re.findall(r"(\w+\[[\d,]*\])", args))
     return out
 
