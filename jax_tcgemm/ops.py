@@ -16,6 +16,7 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 # The functions as imported, not looked up at call time: a user may monkeypatch
 # jax.lax.dot_general = tg.dot_general (the fallbacks below must not call back into us).
 from jax.lax import dot_general as _lax_dot_general
@@ -58,6 +59,38 @@ def _explicit_rows(x) -> bool:
     """Whether x's rows (dim -2) are sharded over explicit mesh axes: then its batch's rows
     cannot be stacked into one product's M."""
     return x.ndim >= 2 and _explicit_spec(x)[-2] is not None
+
+
+def _collapse(x, counts):
+    """x as len(counts) dims, dim i the product of the next counts[i] dims of x (0: a new dim
+    of size 1). Under explicit mesh axes each new dim takes the axes of the first of its dims
+    where the others are not sharded (else none: the data moves), as the reshape's
+    out_sharding, where a plain reshape merging several groups is rejected."""
+    edges = np.cumsum((0,) + tuple(counts))
+    shape = tuple(math.prod(x.shape[i:j]) for i, j in zip(edges[:-1], edges[1:]))
+    spec = _explicit_spec(x)
+    if not any(spec):
+        return x.reshape(shape)
+    out = [spec[i] if j > i and not any(spec[i + 1:j]) else None
+           for i, j in zip(edges[:-1], edges[1:])]
+    return lax.reshape(x, shape, out_sharding=jax.sharding.NamedSharding(
+        jax.typeof(x).sharding.mesh, jax.sharding.PartitionSpec(*out)))
+
+
+def _lax_typed(lhs, rhs, dimension_numbers, precision, preferred_element_type):
+    """lax.dot_general's result sharding where an operand has explicit mesh axes (else None):
+    the split of our (batch, M, N) result into the dot's dims takes it, where a plain reshape
+    of a sharded M or N into several dims is rejected by explicit sharding."""
+    if not any(_explicit_spec(lhs) + _explicit_spec(rhs)):
+        return None
+    try:
+        return jax.eval_shape(
+            lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
+                                          preferred_element_type=preferred_element_type),
+            *(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=jax.typeof(v).sharding)
+              for v in (lhs, rhs))).sharding
+    except Exception:  # noqa: BLE001 (lax asks for an out_sharding: K sharded on both sides)
+        return None
 
 
 def _kernel_dtype(a, b, allowed=OPERAND_DTYPES) -> bool:
@@ -267,8 +300,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     out_dtype = _check_out_dtype(preferred_element_type, "preferred_element_type")
     precision = canonical_precision(precision)  # valid: lax took it above
 
+    lhs0, rhs0 = lhs, rhs
     (lperm, ta, rperm, tb), lf, rf = _plan(lhs.shape, rhs.shape, lc, rc, lb, rb)
-    k = math.prod(lhs.shape[i] for i in lc)
     if lperm is not None:
         lhs = jnp.transpose(lhs, lperm)
     if rperm is not None:
@@ -278,19 +311,19 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     batch = lhs.shape[:nb]
     l_free = lhs.shape[nb + nc:] if ta else lhs.shape[nb:nb + len(lf)]
     r_free = rhs.shape[nb:nb + len(rf)] if tb else rhs.shape[nb + nc:]
-    bsz, m, n = math.prod(batch), math.prod(l_free), math.prod(r_free)
     # lhs's free dims after its last explicitly sharded one form M, those before it a batch
     # that shares rhs (no batch dims only; explicit sharding rejects merging them all)
     cut = 0 if nb or ta else max((i for i, e in enumerate(_explicit_spec(lhs)[:len(lf)])
                                   if e is not None), default=0)
-    if cut:
-        bsz, m = math.prod(l_free[:cut]), math.prod(l_free[cut:])
-    a3 = lhs.reshape((bsz, k, m) if ta else (bsz, m, k))
-    b3 = rhs.reshape(((1 if cut else bsz),) + ((n, k) if tb else (k, n)))
+    nf = len(lf)
+    a3 = _collapse(lhs, (nb, nc, nf) if ta else (cut, nf - cut, nc) if cut else (nb, nf, nc))
+    b3 = _collapse(rhs, (0 if cut else nb,) + ((len(rf), nc) if tb else (nc, len(rf))))
     out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
                  precision=precision)
     out_shape = batch + l_free + r_free
-    out = out.reshape(out_shape)
+    typed = _lax_typed(lhs0, rhs0, dimension_numbers, precision, preferred_element_type)
+    out = out.reshape(out_shape) if typed is None else lax.reshape(out, out_shape,
+                                                                    out_sharding=typed)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out

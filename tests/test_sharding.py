@@ -576,3 +576,37 @@ def test_dense_dot_general_under_set_mesh(kind):
     for g, g1 in ((gx, gx1), (gw, gw1)):
         assert g.dtype == BF16
         assert_close(g, f64(g1), BF16, 32, f"grad {kind}")
+
+
+@pytest.mark.parametrize("form", ["heads_out", "heads_in"])
+def test_dense_general_dot_general_under_set_mesh(form):
+    """Attention's projections (flax DenseGeneral): x (B@d, S, D) @ kernel (D, H, Dh) and
+    x (B@d, S, H, Dh) @ kernel (H, Dh, D), inside `jax.set_mesh`. Our (batch, M, N) result is
+    split into several dims, and operands merged from several: reshapes that explicit
+    sharding rejects without an out_sharding (ops._collapse, ops._lax_typed). Values and
+    gradients equal lax's on one device; types equal lax's; nothing gathered."""
+    mesh = cpu_mesh((4,), ("d",))
+    shapes, dn = {"heads_out": (((8, 16, 32), (32, 4, 8)), (((2,), (0,)), ((), ()))),
+                  "heads_in": (((8, 16, 4, 8), (4, 8, 32)), (((2, 3), (0, 1)), ((), ())))}[form]
+    x, w = (rand(("dg-" + form, i), s, BF16) for i, s in enumerate(shapes))
+    types = {}
+
+    def loss(fn, x, w):
+        y = fn(x, w, dn, preferred_element_type=F32)
+        types[fn] = jax.typeof(y).sharding.spec
+        return jnp.sum(jnp.sin(y)), y
+
+    xs, ws = jax.device_put(x, NamedSharding(mesh, P("d"))), jax.device_put(w, NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh):
+        f = jax.jit(jax.value_and_grad(partial(loss, tg.dot_general), (0, 1), has_aux=True))
+        text = f.lower(xs, ws).compile().as_text()
+        (v, y), grads = f(xs, ws)
+        jax.eval_shape(partial(loss, jax.lax.dot_general), xs, ws)
+    assert types[tg.dot_general] == types[jax.lax.dot_general], types
+    assert "all-gather" not in text, text
+    (v1, y1), grads1 = jax.jit(jax.value_and_grad(partial(loss, jax.lax.dot_general), (0, 1),
+                                                  has_aux=True))(x, w)
+    assert_close(y, f64(y1), F32, 32, f"{form} value")
+    for g, g1, name in zip(grads, grads1, ("x", "w")):
+        assert g.dtype == BF16 and g.shape == g1.shape
+        assert_close(g, f64(g1), BF16, 128, f"{form} d{name}")
