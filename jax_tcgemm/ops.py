@@ -22,7 +22,7 @@ from jax import lax
 from jax.lax import dot_general as _lax_dot_general
 from jax.numpy import matmul as _jnp_matmul
 
-from . import epilogue
+from . import epilogue, sharding
 from .primitive import tcgemm
 from .problem import OPERAND_DTYPES, OUT_DTYPES, canonical_precision, symbolic
 
@@ -47,12 +47,10 @@ def _to3(x, batch):
 
 
 def _explicit_spec(x) -> tuple:
-    """x's explicit mesh axes per dim (jax.typeof's sharding; None: not sharded). A reshape
-    that merges dims is rejected by explicit sharding where any but the first of them is
-    sharded, so the products below keep such dims apart (as batch)."""
-    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    spec = () if spec is None else tuple(spec)
-    return spec + (None,) * (x.ndim - len(spec))
+    """x's explicit mesh axes per dim (sharding.explicit_spec of its type). A reshape that
+    merges dims is rejected by explicit sharding where any but the first of them is sharded,
+    so the products below keep such dims apart (as batch)."""
+    return sharding.explicit_spec(jax.typeof(x))
 
 
 def _explicit_rows(x) -> bool:

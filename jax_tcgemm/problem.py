@@ -51,7 +51,7 @@ def dims(a_shape, b_shape, transpose_a, transpose_b):
 
 def symbolic(*dims) -> bool:
     """Whether any of the dims is symbolic (shape polymorphism, jax.export): such a product
-    is planned at run time by no one, so it lowers through lax (primitive._cuda_lowering)."""
+    is planned at run time by no one, so it lowers through lax (sharding.symbolic_or)."""
     return any(jax.export.is_symbolic_dim(d) for d in dims)
 
 

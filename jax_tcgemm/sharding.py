@@ -223,6 +223,13 @@ def _assign(mesh, factors, shardings, even):
     return out
 
 
+def explicit_spec(aval) -> tuple:
+    """aval's explicit mesh axes per dim (None: not sharded; all None off an explicit mesh)."""
+    sh = getattr(aval, "sharding", None)
+    spec = () if sh is None or sh.mesh.empty else tuple(sh.spec)
+    return spec + (None,) * (len(aval.shape) - len(spec))
+
+
 def typed(*dims):
     """ShapedArray's `sharding` keyword for a result under explicit mesh axes ({} where none):
     result dim i takes the axes of operand dim dims[i] = (aval, index), or none (None), each
@@ -235,8 +242,8 @@ def typed(*dims):
     if mesh is None:
         return {}
     used, out = set(), []
-    for d, sh in zip(dims, shards):
-        entry = None if sh is None or sh.mesh.empty else (tuple(sh.spec) + (None,) * 4)[d[1]]
+    for d in dims:
+        entry = explicit_spec(d[0])[d[1]] if d else None
         axes = tuple(ax for ax in ((entry,) if isinstance(entry, str) else entry or ())
                      if ax not in used)
         used.update(axes)
