@@ -1,16 +1,14 @@
-// Hopper kernels (every sm90 config x layout x 16-bit input type) and the launch of any sm90
-// kernel (these, the 8-bit ones of kernels_sm90_byte.cu and the float32 ones of
-// kernels_sm90_tf32.cu): TMA tensor maps built on the host,
+// The launch of any sm90 kernel (the 16-bit ones of kernels_sm90_f16.cu / kernels_sm90_bf16.cu,
+// the 8-bit ones of kernels_sm90_byte.cu and the float32 ones of kernels_sm90_tf32.cu, each a
+// translation unit of its own, compiled in parallel): TMA tensor maps built on the host,
 // one persistent block per SM. Compiled for sm_90a only (CMakeLists.txt); the dispatcher calls
 // LaunchSm90 only on compute capability 9.0.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <type_traits>
-#include <utility>
 
 #include "host/gemm_dispatch.h"
 #include "kernels/common/element.cuh"
@@ -63,24 +61,6 @@ std::string EncodeOperand(CUtensorMap* map, DType t, const void* base, int64_t c
   return {};
 }
 
-// Entries of config CFG in layout order (a_kmajor * 2 + b_kmajor); sm80 rows have none.
-template <typename T, int CFG>
-std::array<Sm90Entry, 4> Sm90Entries() {
-  if constexpr (kConfigs[CFG].kind == Kind::kSm90 && Has16BitKernels(CFG)) {
-    using O = Sm90Operands<T>;
-    return {MakeSm90<O, CFG, false, false>(), MakeSm90<O, CFG, false, true>(),
-            MakeSm90<O, CFG, true, false>(), MakeSm90<O, CFG, true, true>()};
-  } else {
-    return {};
-  }
-}
-
-template <typename T, int... CFGs>
-Sm90Entry LookupSm90(int config, int layout, std::integer_sequence<int, CFGs...>) {
-  static const std::array<Sm90Entry, 4> table[] = {Sm90Entries<T, CFGs>()...};
-  return table[config][layout];
-}
-
 // Shared-memory limit raised, per device: 16-bit kernels [in_type][config][layout], 8-bit ones
 // [a's type - kE4M3][b's type - kE4M3][config], float32 ones [config] (K-major only).
 std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
@@ -115,8 +95,7 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
   } else {
     with_dtype(in_type, [&](auto elem) {  // the one dispatch on the 16-bit operand type
       using T = decltype(elem);
-      if constexpr (!std::is_same_v<T, float>)
-        k = LookupSm90<T>(config, layout, std::make_integer_sequence<int, kNumConfigs>{});
+      if constexpr (!std::is_same_v<T, float>) k = Sm90Entry16<T>(config, layout);
     });
     if (!k.fn) return "config is not an sm90 row";
   }

@@ -1,7 +1,7 @@
 // An sm90 kernel as the launch sees it (kernels_sm90.cu, LaunchSm90): its function, block size,
-// dynamic shared memory and tile, made from a kernel instance by MakeSm90. The 8-bit and the
-// float32 (TF32) operand kernels live in translation units of their own (kernels_sm90_byte.cu,
-// kernels_sm90_tf32.cu, compiled in parallel) and reach the launch through Sm90ByteEntry and
+// dynamic shared memory and tile, made from a kernel instance by MakeSm90. The kernels of each
+// operand type live in translation units of their own (kernels_sm90_f16.cu, _bf16.cu, _byte.cu,
+// _tf32.cu, compiled in parallel) and reach the launch through Sm90Entry16, Sm90ByteEntry and
 // Sm90Tf32Entry.
 #pragma once
 #include "host/gemm_params.h"
@@ -20,6 +20,12 @@ Sm90Entry MakeSm90() {
   return {reinterpret_cast<const void*>(&gemm_sm90_kernel<Ops, CFG, AK, BK>), Tr::kThreads,
           Tr::template SmemBytes<Ops>(), Tr::kBM, Tr::kBN};
 }
+
+// The kernel of sm90 config `config` in `layout` (a_kmajor * 2 + b_kmajor) for 16-bit operands
+// of type T (__half: kernels_sm90_f16.cu, __nv_bfloat16: kernels_sm90_bf16.cu), or an entry
+// without fn where there is none (an sm80 row, or no 16-bit kernels: Has16BitKernels).
+template <typename T>
+Sm90Entry Sm90Entry16(int config, int layout);
 
 // The kernel of sm90 config `config` for 8-bit operands of types a x b (K-major both), or an
 // entry without fn where there is none (HasByteKernels, or a pair that is not an fp8 or int8

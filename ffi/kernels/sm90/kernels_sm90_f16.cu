@@ -1,0 +1,7 @@
+// Hopper kernels for float16 operands (every sm90 config x layout), in a translation unit of
+// their own (kernels_sm90_16bit.cuh); compiled for sm_90a only.
+#include "kernels/sm90/kernels_sm90_16bit.cuh"
+
+namespace tcgemm {
+template Sm90Entry Sm90Entry16<__half>(int config, int layout);
+}  // namespace tcgemm
