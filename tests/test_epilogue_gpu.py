@@ -9,10 +9,12 @@ group in one jit, run twice, each run into fresh NaN-filled buffers donated for 
 between the runs; the runs must agree bitwise.
 
 - test_every_config: every config of the table (plan override) x split_k 1, 2, 4, 16 (2 and 4:
-  the cluster reduction on sm80 rows, the workspace on sm90 rows; 16: the workspace) x five
-  epilogues x four layouts x float16 / bfloat16 in, on 150x260x200 (batch 2, B shared) and
-  33x72x1000 (batch 2, A shared); the output dtype cycles over the splits, so every (config,
-  epilogue, layout, input dtype, shape) meets float16, bfloat16 and float32 output.
+  the cluster reduction on sm80 rows, the workspace on sm90 rows; 16: the workspace) x eight
+  epilogues (three without C: the ping-pong row's register epilogue, bias of every dtype)
+  x four layouts x float16 / bfloat16 in, on 150x260x200 (batch 2, B shared) and 33x72x1000
+  (batch 2, A shared), and the three without C on 130x261x136 (odd N); the output dtype
+  cycles over the splits, so every (config, epilogue, layout, input dtype, shape) meets
+  float16, bfloat16 and float32 output.
 - test_planned_paths: tg.gemm's planner on packed / unaligned shapes (4095x4097x1031,
   513x1000x3000); test_decode_tiles: 16x4096x4096, planned and forced onto the 16-row tiles
   with every split; test_edge_sizes: M, N, K = 0 and 1 (K = 0: D = act(beta * C + bias)).
@@ -159,6 +161,7 @@ class Epi:
     beta: float
     aux: bool = False  # also the pre-activation
     traced: bool = False  # alpha, beta as the float32 scale operand
+    bias_dtype: str = "f32"  # "f32", "out" (the output's), "in" (the operands')
 
     def operands(self, bt, m, n, dt, od, tag):
         """Host c, bias, scale (None where absent) for a (bt, m, n) result."""
@@ -171,6 +174,7 @@ class Epi:
                 {"f32": F32, "out": od, "in": dt}[self.c_dtype])
         if self.bias:
             bias = rng.standard_normal((bt if self.bias == "batched" else 1, n), np.float32)
+            bias = bias.astype({"f32": F32, "out": od, "in": dt}[self.bias_dtype])
         if self.traced:
             scale = np.array([self.alpha, self.beta], np.float32)
         return c, bias, scale
@@ -197,10 +201,20 @@ EPILOGUES = (
     Epi("c_col_in+bias_batched+silu", "col", "in", "batched", "silu", 1.0, 2.0),
     Epi("aux+c_out+bias+gelu", "full", "out", "shared", "gelu", 0.5, 1.0, aux=True),
     Epi("traced_scale+c_shared_f32", "shared", "f32", None, "none", -0.625, 1.75, traced=True),
+    # no C: a 16-bit D takes the register epilogue (act_block) on the sm90 ping-pong row
+    # (none, relu and gelu_tanh without aux; with aux, gelu or silu the float32 panels)
+    Epi("aux+bias_out+gelu_tanh", None, None, "shared", "gelu_tanh", 0.75, 0.0, aux=True,
+        bias_dtype="out"),
+    Epi("bias_batched_in+gelu_tanh", None, None, "batched", "gelu_tanh", -1.25, 0.0,
+        bias_dtype="in"),
+    Epi("traced_scale+bias+relu", None, None, "shared", "relu", 1.5, 0.0, traced=True),
 )
+NO_C = tuple(e for e in EPILOGUES if not e.c)
 
-# (tag, Ba, Bb, M, N, K): batch 2 with a shared B, then with a shared A
-GRID_SHAPES = (("s1", 2, 1, 150, 260, 200), ("s2", 1, 2, 33, 72, 1000))
+# (tag, Ba, Bb, M, N, K): batch 2 with a shared B, then with a shared A; the third (odd N: the
+# bias read one column at a time) with the epilogues without C only
+GRID_SHAPES = (("s1", 2, 1, 150, 260, 200), ("s2", 1, 2, 33, 72, 1000),
+               ("s3", 2, 1, 130, 261, 136))
 
 _host_cache: dict = {}
 
@@ -224,8 +238,8 @@ def grid_products(config, split, si):
                                                                (F16, BF16)):
         a, b, ab = logical(tag, ba, bb, m, n, k, dt)
         stores = {(x, t): stored(v, t) for x, v in (("a", a), ("b", b)) for t in (False, True)}
-        for (li, (ta, tb)), (ei, epi) in itertools.product(enumerate(LAYOUTS),
-                                                          enumerate(EPILOGUES)):
+        for (li, (ta, tb)), (ei, epi) in itertools.product(
+                enumerate(LAYOUTS), enumerate(NO_C if tag == "s3" else EPILOGUES)):
             od = OUT_DTYPES[(ei + li + gi + si) % 3]
             c, bias, scale = epi.operands(max(ba, bb), m, n, dt, od, tag)
             fn = epi.call(transpose_a=ta, transpose_b=tb, out_dtype=od, config=config,
@@ -239,7 +253,7 @@ def grid_products(config, split, si):
 
 @pytest.mark.parametrize("config", CONFIG_NAMES)
 def test_every_config(config):
-    """80 products (96 outputs with aux) per split, in one jit."""
+    """152 products (192 outputs with aux) per split, in one jit."""
     for si, split in enumerate(SPLITS):
         check_products(grid_products(config, split, si))
 
