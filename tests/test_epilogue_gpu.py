@@ -10,7 +10,7 @@ between the runs; the runs must agree bitwise.
 
 - test_every_config: every config of the table (plan override) x split_k 1, 2, 4, 16 (2 and 4:
   the cluster reduction on sm80 rows, the workspace on sm90 rows; 16: the workspace) x eight
-  epilogues (three without C: the ping-pong row's register epilogue, bias of every dtype)
+  epilogues (three without C: bias of every dtype, traced alpha, aux)
   x four layouts x float16 / bfloat16 in, on 150x260x200 (batch 2, B shared) and 33x72x1000
   (batch 2, A shared), and the three without C on 130x261x136 (odd N); the output dtype
   cycles over the splits, so every (config, epilogue, layout, input dtype, shape) meets
@@ -201,8 +201,7 @@ EPILOGUES = (
     Epi("c_col_in+bias_batched+silu", "col", "in", "batched", "silu", 1.0, 2.0),
     Epi("aux+c_out+bias+gelu", "full", "out", "shared", "gelu", 0.5, 1.0, aux=True),
     Epi("traced_scale+c_shared_f32", "shared", "f32", None, "none", -0.625, 1.75, traced=True),
-    # no C: a 16-bit D takes the register epilogue (act_block) on the sm90 ping-pong row
-    # (none, relu and gelu_tanh without aux; with aux, gelu or silu the float32 panels)
+    # no C (a layer's forward): bias of every dtype, traced alpha, aux
     Epi("aux+bias_out+gelu_tanh", None, None, "shared", "gelu_tanh", 0.75, 0.0, aux=True,
         bias_dtype="out"),
     Epi("bias_batched_in+gelu_tanh", None, None, "batched", "gelu_tanh", -1.25, 0.0,

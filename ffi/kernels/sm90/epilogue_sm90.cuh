@@ -45,63 +45,25 @@ __device__ __forceinline__ void int_pair(char* dst, int v0, int v1) {
   *reinterpret_cast<int2*>(dst) = make_int2(v0, v1);
 }
 
-// Copies staged panel `epi` (64 rows x 256 bytes of Out, columns pc..) to the M x N matrix at
-// `c`: whole rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when
-// `vec` (C's rows are 16-byte multiples and c is aligned), else element by element along the
-// rows (a warp writes 32 contiguous elements). Nothing at or past row `row_end` or column N.
-template <typename Out>
-__device__ __forceinline__ void copy_panel(const GemmParams& p, Out* c, const char* epi,
-                                           int64_t row0, int64_t pc, int64_t row_end, int t,
-                                           bool vec) {
-  constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
-  constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
-  const int lane = t & 31, warp = t >> 5;
-  if (vec) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
-      const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
-      const int64_t gr = row0 + row, gc = pc + q * kVec;
-      if (gr >= row_end || gc >= p.n) continue;
-      // gc and N are multiples of kVec (col0 of BN, N of 16 bytes): the chunk ends by N
-      *reinterpret_cast<uint4*>(c + gr * p.n + gc) =
-          *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
-    }
-  } else {
-    for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15
-      const int row = warp * 16 + rr;
-      const int64_t gr = row0 + row;
-      if (gr >= row_end) break;
-#pragma unroll
-      for (int u = 0; u < kCols / 32; ++u) {
-        const int e = lane + 32 * u;
-        if (pc + e < p.n)
-          c[gr * p.n + pc + e] =
-              *reinterpret_cast<const Out*>(epi + epi_offset<Out>(row, e * int(sizeof(Out))));
-      }
-    }
-  }
-}
-
-template <typename Out>
-__device__ __forceinline__ bool vec_rows(const GemmParams& p, const Out* c) {
-  return (p.n * int64_t(sizeof(Out))) % 16 == 0 && (reinterpret_cast<uintptr_t>(c) & 15) == 0;
-}
-
 // A consumer warpgroup's 64 x BN accumulators (thread layout in ptx/wgmma.cuh), times `scale`,
 // to the M x N matrix at `c` (D of one batch item when the epilogue is no more than alpha, or a
 // split-K slice's raw partials), converted to Out before staging, one panel at a time through
-// its staging panel `epi` (copy_panel). Nothing at or past row `row_end` or column N is
-// written. `bar`: the warpgroup's named barrier. Int32 sums go to an int32 C as they are
-// (exact), to a float C as floats.
+// its staging panel `epi`: the warpgroup writes the panel, then stores whole
+// rows with 16-byte stores (a warp writes two contiguous 256-byte row segments) when C's rows
+// are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
+// elements). Nothing at or past row `row_end` or column N is written. `bar`: the warpgroup's
+// named barrier. Int32 sums go to an int32 C as they are (exact), to a float C as floats.
 template <typename Out, int BN, typename Acc>
 __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const Acc (&acc)[BN / 2],
                                             float scale, int64_t row0, int64_t col0,
                                             int64_t row_end, int t, char* epi, uint32_t bar) {
   constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
+  constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
   static_assert(BN % kCols == 0, "whole panels");
   const int lane = t & 31, warp = t >> 5;
   const int r = warp * 16 + (lane >> 2);  // this thread's accumulator rows: r and r + 8
-  const bool vec = vec_rows(p, c);
+  const bool vec = (p.n * int64_t(sizeof(Out))) % 16 == 0 &&
+                   (reinterpret_cast<uintptr_t>(c) & 15) == 0;
 #pragma unroll
   for (int panel = 0; panel < BN / kCols; ++panel) {
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
@@ -121,101 +83,31 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
       }
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
-    copy_panel(p, c, epi, row0, col0 + panel * kCols, row_end, t, vec);
-  }
-}
-
-// The bias of columns col and col + 1 (col even) of batch item z as floats: 0 past N or without
-// a bias. One load for the pair where N is even and the bias aligned for it (the usual case),
-// else one per column.
-__device__ __forceinline__ float2 bias_pair(const GemmParams& p, int64_t z, int64_t col) {
-  const EpilogueParams& ep = p.epi;
-  float2 bv = make_float2(0.0f, 0.0f);
-  if (!ep.bias) return bv;
-  with_dtype(ep.bias_type, [&](auto b0) {
-    using Bias = decltype(b0);
-    using Pair = std::conditional_t<sizeof(Bias) == 4, float2, unsigned int>;
-    const Bias* const bias = static_cast<const Bias*>(ep.bias) + z * ep.bias_sb;
-    if (p.n % 2 == 0 && (reinterpret_cast<uintptr_t>(bias) & (2 * sizeof(Bias) - 1)) == 0) {
-      if (col < p.n) {  // col even, N even: col + 1 < N too
-        const Pair v = __ldg(reinterpret_cast<const Pair*>(bias + col));
-        const Bias* const b2 = reinterpret_cast<const Bias*>(&v);
-        bv = make_float2(to_float(b2[0]), to_float(b2[1]));
+    const int64_t pc = col0 + panel * kCols;
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // 64 rows x 16 chunks over 128 threads
+        const int idx = t + 128 * i, row = idx >> 4, q = idx & 15;
+        const int64_t gr = row0 + row, gc = pc + q * kVec;
+        if (gr >= row_end || gc >= p.n) continue;
+        // gc and N are multiples of kVec (col0 of BN, N of 16 bytes): the chunk ends by N
+        *reinterpret_cast<uint4*>(c + gr * p.n + gc) =
+            *reinterpret_cast<const uint4*>(epi + epi_offset<Out>(row, q * 16));
       }
     } else {
-      if (col < p.n) bv.x = to_float(__ldg(bias + col));
-      if (col + 1 < p.n) bv.y = to_float(__ldg(bias + col + 1));
-    }
-  });
-  return bv;
-}
-
-// The register epilogue of a 16-bit D with no C, no row or column scales and no aux (a layer's
-// forward: bias and activation, alpha): each value is alpha * acc + bias, activated, in
-// registers, converted and staged as store_block's are (half the panels of the float32 path,
-// no second pass over shared memory, 16-byte stores): the epilogue's issue slots are what it
-// takes from the other warpgroup's main loop on the ping-pong row (benchmarks/NOTES.md v45,
-// v46). With aux (each panel staged twice) the forward was 75% slower than with epi_block.
-template <typename Out, int BN, typename Acc, Activation A, int MB>
-__device__ __forceinline__ void act_block(const GemmParams& p, Out* d,
-                                          const Acc (&accs)[MB][BN / 2], float alpha, int64_t z,
-                                          int64_t rows0, int64_t col0, int64_t row_end, int t,
-                                          char* epi, uint32_t bar) {
-  constexpr int kCols = 256 / int(sizeof(Out)), kJ = kCols / 8;
-  static_assert(sizeof(Out) == 2 && BN % kCols == 0, "16-bit D, whole panels");
-  const int lane = t & 31, warp = t >> 5;
-  const int r = warp * 16 + (lane >> 2);
-  const bool vec = vec_rows(p, d);
+      for (int rr = 0; rr < 16; ++rr) {  // warp w: rows 16 w .. 16 w + 15
+        const int row = warp * 16 + rr;
+        const int64_t gr = row0 + row;
+        if (gr >= row_end) break;
 #pragma unroll
-  for (int mb = 0; mb < MB; ++mb) {  // m64 block mb: rows rows0 + 64 mb ..
-#pragma unroll
-    for (int panel = 0; panel < BN / kCols; ++panel) {
-      ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
-#pragma unroll
-      for (int jj = 0; jj < kJ; ++jj) {
-        const int j = panel * kJ + jj;
-        const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-        // the pair's bias loaded here, not for the whole panel ahead: 128 accumulators and 32
-        // more floats exceed the 168 registers ptxas allots (the ping-pong row spilled), and
-        // the other warpgroup's main loop hides its latency
-        const float2 b = bias_pair(p, z, col0 + panel * kCols + 8 * jj + 2 * (lane & 3));
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          v[e] = activate_for<Out>(A, fmaf(alpha, float(accs[mb][4 * j + e]), e & 1 ? b.y : b.x));
-        put_pair<Out>(epi + epi_offset<Out>(r, byte), v[0], v[1]);
-        put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), v[2], v[3]);
+        for (int u = 0; u < kCols / 32; ++u) {
+          const int e = lane + 32 * u;
+          if (pc + e < p.n)
+            c[gr * p.n + pc + e] =
+                *reinterpret_cast<const Out*>(epi + epi_offset<Out>(row, e * int(sizeof(Out))));
+        }
       }
-      ptx::named_barrier_sync(bar, 128);  // the panel is complete
-      copy_panel(p, d, epi, rows0 + 64 * mb, col0 + panel * kCols, row_end, t, vec);
     }
-  }
-}
-
-// The activations act_block is compiled for: each is an unrolled copy of the epilogue in every
-// ping-pong kernel (its ptxas time grows with them); gelu (erf) and silu take epi_block.
-__host__ __device__ constexpr bool act_in_registers(Activation a) {
-  return a == Activation::kNone || a == Activation::kRelu || a == Activation::kGeluTanh;
-}
-
-// act_block with the launch's activation on a warpgroup's m64 blocks (rows from rows0) of work
-// item wk.
-template <typename Out, int BN, typename Acc, int MB, typename Work>
-__device__ __forceinline__ void act_store(const GemmParams& p, const Acc (&acc)[MB][BN / 2],
-                                          float alpha, const Work& wk, int64_t rows0, int t,
-                                          char* epi, uint32_t bar) {
-  Out* const d = static_cast<Out*>(p.d) + wk.d_item(p);
-  switch (p.epi.act) {  // (a switch, not with_activation: see the kernel's call)
-#define TCGEMM_ACT_CASE(A)                                                                  \
-  case A:                                                                                   \
-    act_block<Out, BN, Acc, A>(p, d, acc, alpha, wk.z, rows0, wk.n0, wk.row_end, t, epi,    \
-                               bar);                                                        \
-    break;
-    TCGEMM_ACT_CASE(Activation::kNone)
-    TCGEMM_ACT_CASE(Activation::kRelu)
-    TCGEMM_ACT_CASE(Activation::kGeluTanh)
-#undef TCGEMM_ACT_CASE
-    default: break;  // (act_in_registers)
   }
 }
 

@@ -53,7 +53,6 @@
 #include "host/gemm_params.h"
 #include "ptx/cp_async.cuh"  // staged b block scales (cp.async)
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
-#include "ptx/sreg.cuh"  // ctaid_x
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
@@ -277,15 +276,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // have a full epilogue is the same (jax_tcgemm/problem.py, fused_epilogue).
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.row_scale &&
                       !p.epi.col_scale && p.epi.act == Activation::kNone;
-  // 16-bit products with a 16-bit D and no C, scales or aux (bias, activation) on the ping-pong
-  // row, the planner's row for fused epilogues of large products: the register epilogue
-  // (act_block, unrolled per activation and output type, compiled into these kernels alone for
-  // build time); the rest of the full epilogues through float32 panels (epi_block).
-  constexpr bool kActInRegisters = Ops::kBytes == 2 && Tr::kPingPong;
-  const bool in_registers = kActInRegisters && !p.epi.c && !p.epi.row_scale &&
-                            !p.epi.col_scale && !p.epi.aux && act_in_registers(p.epi.act) &&
-                            (p.d_type == DType::kF16 || p.d_type == DType::kBF16);
-  const float alpha = simple || in_registers ? epi_scale(p).alpha : 1.0f;
+  const float alpha = simple ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
   // block scales: fp8 only (the FFI passes none with other operands). Staged: read from the
@@ -347,9 +338,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     }
     if (!sched.next(p, w, wk)) break;
     if constexpr (Tr::kPingPong) {
-      // (the block index read again, not kept: the ping-pong row's register epilogue leaves
-      // no register to hold it across the loop, and ptxas spilled it)
-      if (w >= int64_t(ptx::ctaid_x()) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
+      if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
     }
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
@@ -519,44 +508,32 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::wgmma_wait_group<0>();
     if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
 
-    if (in_registers && !p.partial) {
-      // all m64 blocks in one call: with the loop over them outside, its body (six unrolled
-      // copies of the epilogue) outgrew the compiler's unroll limit, and acc[mb] with a
-      // run-time mb put every accumulator in local memory
-      if constexpr (kActInRegisters) {
-        if (p.d_type == DType::kBF16)
-          act_store<__nv_bfloat16, Tr::kBN>(p, acc, alpha, wk, wk.m0 + 64 * mb0, t, epi, 1 + cw);
-        else
-          act_store<__half, Tr::kBN>(p, acc, alpha, wk, wk.m0 + 64 * mb0, t, epi, 1 + cw);
-      }
-    } else {
 #pragma unroll
-      for (int mb = 0; mb < Tr::kMB; ++mb) {
-        const int64_t row0 = wk.m0 + 64 * (mb0 + mb);
-        if (p.partial) {  // split-K through the workspace: raw sums, the reduction finishes
-          const int64_t at = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
-          if constexpr (Ops::kInt)  // int8: exact int32 sums (bits in the float workspace)
-            store_block<int32_t, Tr::kBN>(p, reinterpret_cast<int32_t*>(p.partial) + at, acc[mb],
-                                          1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
-          else
-            store_block<float, Tr::kBN>(p, p.partial + at, acc[mb], 1.0f, row0, wk.n0,
-                                        wk.row_end, t, epi, 1 + cw);
-        } else if (Ops::kInt && p.d_type == DType::kS32) {  // the exact int8 product
-          if constexpr (Ops::kInt)
-            store_block<int32_t, Tr::kBN>(p, static_cast<int32_t*>(p.d) + wk.d_item(p), acc[mb],
-                                          1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
-        } else if (simple) {  // no more than alpha: convert before staging (half the panels)
-          with_dtype(p.d_type, [&](auto out) {
-            using Out = decltype(out);
-            store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.d_item(p), acc[mb], alpha,
-                                      row0, wk.n0, wk.row_end, t, epi, 1 + cw);
-          });
-        } else {
-          with_dtype(p.d_type, [&](auto out) {
-            epi_block<decltype(out), Tr::kBN, Acc, Ops::kBytes == 1>(
-                p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0, wk.row_end, t, epi, 1 + cw);
-          });
-        }
+    for (int mb = 0; mb < Tr::kMB; ++mb) {
+      const int64_t row0 = wk.m0 + 64 * (mb0 + mb);
+      if (p.partial) {  // split-K through the workspace: raw sums, the reduction finishes
+        const int64_t at = (int64_t(wk.slice) * p.batch + wk.z) * p.m * p.n;
+        if constexpr (Ops::kInt)  // int8: exact int32 sums (bits in the float workspace)
+          store_block<int32_t, Tr::kBN>(p, reinterpret_cast<int32_t*>(p.partial) + at, acc[mb],
+                                        1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+        else
+          store_block<float, Tr::kBN>(p, p.partial + at, acc[mb], 1.0f, row0, wk.n0,
+                                      wk.row_end, t, epi, 1 + cw);
+      } else if (Ops::kInt && p.d_type == DType::kS32) {  // the exact int8 product
+        if constexpr (Ops::kInt)
+          store_block<int32_t, Tr::kBN>(p, static_cast<int32_t*>(p.d) + wk.d_item(p), acc[mb],
+                                        1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+      } else if (simple) {  // no more than alpha: convert before staging (half the panels)
+        with_dtype(p.d_type, [&](auto out) {
+          using Out = decltype(out);
+          store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.d_item(p), acc[mb], alpha, row0,
+                                    wk.n0, wk.row_end, t, epi, 1 + cw);
+        });
+      } else {
+        with_dtype(p.d_type, [&](auto out) {
+          epi_block<decltype(out), Tr::kBN, Acc, Ops::kBytes == 1>(
+              p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0, wk.row_end, t, epi, 1 + cw);
+        });
       }
     }
   }
@@ -565,7 +542,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   }
   if (p.ragged.mode == RaggedMode::kRows) {
     // Rows past the last group are zeros, written by all blocks' consumers.
-    ragged_zero_tail(p, int64_t(ptx::ctaid_x()) * 128 * Tr::kConsumers + threadIdx.x - 128,
+    ragged_zero_tail(p, int64_t(blockIdx.x) * 128 * Tr::kConsumers + threadIdx.x - 128,
                      int64_t(gridDim.x) * 128 * Tr::kConsumers);
   }
 #elif defined(__CUDA_ARCH__)
