@@ -166,15 +166,15 @@ class Epi:
     def operands(self, bt, m, n, dt, od, tag):
         """Host c, bias, scale (None where absent) for a (bt, m, n) result."""
         rng = rng_of("epi", tag, self.name, bt, m, n, dt.name, od.name)
+        dtype_of = {"f32": F32, "out": od, "in": dt}  # c_dtype / bias_dtype names
         c = bias = scale = None
         if self.c:
             shape = {"full": (bt, m, n), "shared": (1, m, n), "row": (1, m, 1),
                      "col": (bt, 1, n)}[self.c]
-            c = rng.standard_normal(shape, np.float32).astype(
-                {"f32": F32, "out": od, "in": dt}[self.c_dtype])
+            c = rng.standard_normal(shape, np.float32).astype(dtype_of[self.c_dtype])
         if self.bias:
             bias = rng.standard_normal((bt if self.bias == "batched" else 1, n), np.float32)
-            bias = bias.astype({"f32": F32, "out": od, "in": dt}[self.bias_dtype])
+            bias = bias.astype(dtype_of[self.bias_dtype])
         if self.traced:
             scale = np.array([self.alpha, self.beta], np.float32)
         return c, bias, scale
@@ -210,8 +210,9 @@ EPILOGUES = (
 )
 NO_C = tuple(e for e in EPILOGUES if not e.c)
 
-# (tag, Ba, Bb, M, N, K): batch 2 with a shared B, then with a shared A; the third (odd N: the
-# bias read one column at a time) with the epilogues without C only
+# (tag, Ba, Bb, M, N, K): batch 2 with a shared B, then with a shared A; the third (odd N: D
+# and aux stored element by element, the bias read past no row end) with the epilogues
+# without C only
 GRID_SHAPES = (("s1", 2, 1, 150, 260, 200), ("s2", 1, 2, 33, 72, 1000),
                ("s3", 2, 1, 130, 261, 136))
 
