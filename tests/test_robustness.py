@@ -55,7 +55,7 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
     attrs = {"transpose_a": False, "transpose_b": False, "config": CONFIG_NAMES[0],
              "split_k": np.int64(1), "pack": False, "has_c": False, "has_bias": False,
              "has_scale": False, "has_row_scale": False, "has_col_scale": False,
-             "has_block_scale": False, "aux": False, "alpha": np.float32(1.0),
+             "has_block_scale": False, "aux": False, "promote": False, "alpha": np.float32(1.0),
              "beta": np.float32(0.0), "activation": np.int32(0), **attrs}
     attrs = {k: v for k, v in attrs.items() if v is not DROP}
     if results is None:  # c, and the float32 workspace of split-K
@@ -101,6 +101,18 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
     ("float32_operands_n_major", lambda: raw_call(x(1, 4, 8, dt=F32), x(1, 8, 3, dt=F32),
                                                   (1, 4, 3)),
      r"tcgemm: float32 operands are read K-major"),
+    ("promote_bfloat16", lambda: raw_call(x(1, 4, 8, dt=BF16), x(1, 3, 8, dt=BF16), (1, 4, 3),
+                                          transpose_b=True, promote=True),
+     r"tcgemm: promoted operands are float16, read K-major"),
+    ("promote_n_major", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), promote=True),
+     r"tcgemm: promoted operands are float16, read K-major"),
+    ("row_scale_16bit", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), has_row_scale=True,
+                                         extra=(jnp.ones((1, 4), F32),)),
+     r"tcgemm: row and column scales go with 8-bit or promoted float16 operands"),
+    ("col_scale_batch", lambda: raw_call(x(2, 4, 16), x(1, 3, 16), (2, 4, 3), transpose_b=True,
+                                         promote=True, has_col_scale=True,
+                                         extra=(jnp.ones((3, 3), F32),)),
+     r"tcgemm: col_scale must be float32 \(1 or 2, 3\); got float32\(3, 3\)"),
     ("mixed_operands", lambda: raw_call(ok_a(), x(1, 8, 3, dt=BF16), (1, 4, 3)),
      r"tcgemm: operands must be float16 x float16, bfloat16 x bfloat16, float32 x float32, "
      r"int8 x int8 or float8 .*; got float16 and bfloat16"),

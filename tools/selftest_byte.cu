@@ -1,8 +1,9 @@
 // K-major-only products of the self-test (tools/kernel_selftest.cu; declared in selftest.cuh):
 // int8 x int8 (to int32, exact; to floats with per-row / per-column scales), the fp8 pairs
 // (per-tensor scale from the device, per-row / per-column scales, DeepSeek-V3 block scales,
-// bias + activation) and float32 x float32 read as TF32 (one pass; K splits through the
-// workspace), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
+// bias + activation), float32 x float32 read as TF32 (one pass; K splits through the
+// workspace) and promoted float16 (f16x3's kernels: GemmProblem::promote, row and column
+// scales), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
 // launched through LaunchGemm on every row with such kernels (HasByteKernels, HasTf32Kernels;
 // compute capability 9.0 only), checked against float64 of the operands as stored. D is
 // poisoned first; buffers have exactly the problem's size, so compute-sanitizer sees any
@@ -28,6 +29,7 @@ struct ByteCase {
   Activation act;
   int split = 1;  // K slices (summed by the split-K reduction; int8: exact int32 partials)
   bool n_major = false;  // B stored [K][N] (8-bit: copied K-major by LaunchGemm, pack)
+  bool promote = false;  // float16 operands on the promoted kernels
 };
 
 // An 8-bit element as a double (raw byte of type t).
@@ -38,6 +40,11 @@ double byte_value(DType t, uint8_t raw) {
 }
 // Element i of operand type t stored in v, as a double.
 double elem_value(DType t, const std::vector<uint8_t>& v, int64_t i) {
+  if (t == DType::kF16) {
+    __half h;
+    std::memcpy(&h, v.data() + 2 * i, 2);
+    return double(__half2float(h));
+  }
   if (t != DType::kF32) return byte_value(t, v[i]);
   float f;
   std::memcpy(&f, v.data() + 4 * i, 4);
@@ -45,6 +52,14 @@ double elem_value(DType t, const std::vector<uint8_t>& v, int64_t i) {
 }
 std::vector<uint8_t> random_bytes(DType t, int64_t count, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
+  if (t == DType::kF16) {  // f16x3's parts: magnitudes up to 2^15
+    std::vector<uint8_t> v(2 * count);
+    for (int64_t i = 0; i < count; ++i) {
+      const __half h = __float2half(4096.0f * nd(rng));
+      std::memcpy(v.data() + 2 * i, &h, 2);
+    }
+    return v;
+  }
   if (t == DType::kF32) {
     std::vector<uint8_t> v(4 * count);
     for (int64_t i = 0; i < count; ++i) {
@@ -63,7 +78,8 @@ std::vector<uint8_t> random_bytes(DType t, int64_t count, std::mt19937& rng) {
   return v;
 }
 const char* byte_name(DType t) {
-  return t == DType::kF32 ? "f32" : t == DType::kS8 ? "s8" : t == DType::kE4M3 ? "e4m3" : "e5m2";
+  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : t == DType::kS8 ? "s8"
+         : t == DType::kE4M3 ? "e4m3" : "e5m2";
 }
 
 bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
@@ -118,6 +134,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   pr.b_type = c.tb;
   pr.transpose_b = !c.n_major;  // B [N][K]: K-major; else [K][N], copied K-major first
   pr.pack = c.n_major;
+  pr.promote = c.promote;
   pr.config = cfg;
   const WorkspacePlan wp = PlanWorkspace(pr);
   DevBuf ws(wp.total() * 4);
@@ -157,6 +174,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   const double tol = int_out                  ? 0.0
                      : c.ta == DType::kF32       ? 2e-3  // operands read as TF32 (2^-11)
+                     : c.promote ? (c.out == DType::kF32 ? 1e-6 : bound(c.out, k))  // exact products
                      : c.out == DType::kF32 && c.ta != DType::kS8 ? 2e-4  // fp8 wgmma sums
                                                                   : bound(c.out, k);
   const bool ok = err.empty() && finite && exact && rel <= tol;
@@ -177,7 +195,8 @@ void byte_cases(bool quick, int cc, Tally& t) {
   if (cc != 90) return;  // the 8-bit kernels are sm_90a only
   std::mt19937 rng(8642);
   const int before = t.failed, total = t.passed + t.failed;
-  const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8, F32 = DType::kF32;
+  const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8, F32 = DType::kF32,
+              F16 = DType::kF16;
   const Activation kNo = Activation::kNone;
   std::vector<ByteCase> cases = {
       {S8, S8, DType::kS32, 200, 136, 528, Scale::kNone, false, kNo},
@@ -203,6 +222,12 @@ void byte_cases(bool quick, int cc, Tally& t) {
       // have some), a partial last tile, K slices
       {E4, E4, DType::kBF16, 200, 300, 528, Scale::kBlock, false, kNo},
       {E5, E4, DType::kF32, 260, 136, 1024, Scale::kBlock, true, Activation::kRelu, 2},
+      // promoted float16 (f16x3): row / column scales, pieces of two k tiles and an odd last
+      // one, K slices (the reduction applies the scales), a one-row product
+      {F16, F16, DType::kF32, 200, 136, 520, Scale::kRowCol, true, Activation::kGeluTanh, 1,
+       false, true},
+      {F16, F16, DType::kBF16, 129, 300, 1064, Scale::kRowCol, false, kNo, 2, false, true},
+      {F16, F16, DType::kF32, 1, 130, 8, Scale::kTensor, false, kNo, 1, false, true},
   };
   if (!quick) {
     cases.push_back({S8, S8, DType::kS32, 517, 1000, 4096, Scale::kNone, false, kNo});
@@ -210,7 +235,8 @@ void byte_cases(bool quick, int cc, Tally& t) {
   }
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
     for (const ByteCase& c : cases)
-      if ((c.ta == F32 ? HasTf32Kernels(cfg) : HasByteKernels(cfg, c.ta != S8)) && selected(cfg))
+      if ((c.ta == F32 || c.promote ? HasTf32Kernels(cfg) : HasByteKernels(cfg, c.ta != S8)) &&
+          selected(cfg))
         run_case(c, cfg, rng, t);
   std::printf("byte: %d of %d cases failed\n", t.failed - before, t.passed + t.failed - total);
 }

@@ -165,15 +165,18 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // operands (16-byte aligned rows and batch items); otherwise its sm80 fallback (same BK).
   int config = pr.config;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
-  const bool byte = IsByteOperand(pr.in_type), kmajor_only = KMajorOnly(pr.in_type);
+  const bool byte = IsByteOperand(pr.in_type);
+  const bool kmajor_only = KMajorOnly(pr.in_type) || pr.promote;
   if (kmajor_only) {
-    // 8-bit and float32 (TF32) operands: the sm90 kernels only (wgmma reads them K-major), A and
-    // B of the same family, rows TMA can address (16-byte multiples), no grouping; no packing
-    // but 8-bit B's K-major copy (PlanWorkspace); their rows (HasByteKernels, HasTf32Kernels).
-    // The Python layer routes every other case through lax (or makes the operands so).
-    const std::string what = byte ? "8-bit" : "float32";
-    if (IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
-      return what + " A needs " + what + " B";
+    // 8-bit, float32 (TF32) and promoted float16 operands: the sm90 kernels only (wgmma reads
+    // them K-major; promoted kernels exist so only), A and B of the same family, rows TMA can
+    // address (16-byte multiples), no grouping; no packing but 8-bit B's K-major copy
+    // (PlanWorkspace); their rows (HasByteKernels, HasTf32Kernels). The Python layer routes
+    // every other case through lax (or makes the operands so).
+    const std::string what = byte ? "8-bit" : pr.promote ? "promoted float16" : "float32";
+    if (pr.promote ? pr.in_type != DType::kF16 || pr.b_type != DType::kF16
+                   : IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
+      return pr.promote ? "promoted operands are float16 x float16" : what + " A needs " + what + " B";
     if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
       return what + " operands run on the sm90 kernels on compute capability 9.0 only (this "
              "GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
@@ -190,8 +193,9 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     return "config " + ConfigNames()[config] + " has kernels for fp8 operands only";
   if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
     return "an int32 result is the product of int8 operands";
-  if (!byte && (p.epi.row_scale || p.epi.col_scale || p.block_sa || p.block_sb))
-    return "row, column and block scales go with 8-bit operands";
+  if (!byte && !pr.promote && (p.epi.row_scale || p.epi.col_scale))
+    return "row and column scales go with 8-bit or promoted float16 operands";
+  if (!byte && (p.block_sa || p.block_sb)) return "block scales go with 8-bit operands";
   if (p.block_sa && (p.block_sa_ld < p.m || p.block_sa_ld % 4 != 0 || !Aligned16(p.block_sa)))
     return "block scales of a need 16-byte aligned rows of at least M floats (a multiple of 4; "
            "got " + std::to_string(p.block_sa_ld) + " for M = " + std::to_string(p.m) + ")";
@@ -236,7 +240,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
       return CudaError("8-bit B transpose launch", e);
   if (cfg.kind == Kind::kSm90) {
     if (std::string err = LaunchSm90(p, config, pr.in_type, kmajor_only ? pr.b_type : pr.in_type,
-                                     a_kmajor, b_kmajor, device, dev.sms, stream);
+                                     a_kmajor, b_kmajor, pr.promote, device, dev.sms, stream);
         !err.empty())
       return err;
     return split > 1 ? ReduceSplits(pr, split, stream) : std::string();

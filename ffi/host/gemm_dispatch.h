@@ -59,9 +59,11 @@ std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& don
 // Defined in kernels/sm90/kernels_sm90.cu (sm_90a): launches sm90 config `config` with params
 // p as LaunchGemm prepared them (tiles, split, leading dimensions, packed operands; for split-K,
 // C redirected to the float32 workspace), one persistent block per SM of the `sms`. Operands:
-// 16-bit of in_type (b_type ignored), or 8-bit of types in_type x b_type, K-major both.
+// 16-bit of in_type (b_type ignored), or 8-bit of types in_type x b_type, K-major both;
+// `promote`: the promoted float16 kernels (GemmProblem::promote).
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b_type,
-                       bool a_kmajor, bool b_kmajor, int device, int sms, cudaStream_t stream);
+                       bool a_kmajor, bool b_kmajor, bool promote, int device, int sms,
+                       cudaStream_t stream);
 
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);

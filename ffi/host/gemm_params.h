@@ -39,8 +39,8 @@ inline constexpr int kNumActivations = 5;
 
 // D[z][r][c] = act(alpha * rs[z][r] * cs[c] * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]),
 // computed in float32 from the accumulator and rounded once to D's type (rs, cs: the optional
-// per-row and per-column scales of a scaled product, 1 when absent; 8-bit operands only, so
-// the sm90 kernels alone apply them). C is read through element strides
+// per-row and per-column scales of a scaled product, 1 when absent; 8-bit and promoted float16
+// operands only, so the sm90 kernels alone apply them). C is read through element strides
 // (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared by the batch
 // (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta come from
 // `scale` (device float32[2], traced values) when it is set. `aux`, when set, receives the
@@ -57,7 +57,8 @@ struct EpilogueParams {
   Activation act = Activation::kNone;
   void* aux = nullptr;           // pre-activation output, or nullptr
   const float* row_scale = nullptr;  // float32 [batch][M] (row r of item z at z * M + r)
-  const float* col_scale = nullptr;  // float32 [N], shared by the batch
+  const float* col_scale = nullptr;  // float32 [1 or batch][N] (column c of item z at
+  int64_t col_scale_sb = 0;          // z * col_scale_sb + c: 0 shares one row, N per item)
 };
 
 // A grouped (ragged) product, lax.ragged_dot's forms: `groups` groups whose sizes are device
@@ -128,6 +129,11 @@ struct GemmProblem {
                                // 16-byte multiples, or long and not 32-byte multiples) into the
                                // workspace with padded rows (16-byte aligned, 128 bytes when
                                // long: the fast cp.async / TMA path) before the GEMM
+  bool promote = false;        // float16 operands (K-major both, an sm90 row with
+                               // HasTf32Kernels) summed in pieces: each two k tiles' products
+                               // summed apart, then added into the float32 sums with
+                               // round-to-nearest adds (float32 HIGHEST as f16x3:
+                               // jax_tcgemm/f32.py; a wgmma's float32 sums are truncated)
 };
 
 }  // namespace tcgemm

@@ -74,26 +74,33 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
       return "scale must be float32 [alpha, beta]";
     ep.scale = static_cast<const float*>(s.value().untyped_data());
   }
-  // Per-row (B, M) and per-column (1, N) float32 scales; with `ld`, rows of at least `cols`
-  // (their length stored there).
+  // Per-row (B, M) and per-column (1 or B, N) float32 scales; with `ld`, rows of at least
+  // `cols` (their length stored there); with `got_rows`, 1 row also (shared by the batch; the
+  // rows stored there).
   auto vec = [&](const char* name, int64_t rows, int64_t cols, const float*& to,
-                 int64_t* ld = nullptr) -> std::string {
+                 int64_t* ld = nullptr, int64_t* got_rows = nullptr) -> std::string {
+    const bool rows1 = got_rows != nullptr;
     auto v = args.get<ffi::AnyBuffer>(i++);
     if (v.has_error()) return std::string("cannot decode ") + name;
     const auto d = v.value().dimensions();
-    if (v.value().element_type() != ffi::DataType::F32 || d.size() != 2 || d[0] != rows ||
-        (ld ? d[1] < cols : d[1] != cols))
-      return std::string(name) + " must be float32 (" + std::to_string(rows) + ", " +
-             (ld ? ">= " : "") + std::to_string(cols) + "); got " +
-             DtypeName(v.value().element_type()) + Dims(d);
+    if (v.value().element_type() != ffi::DataType::F32 || d.size() != 2 ||
+        !(d[0] == rows || (rows1 && d[0] == 1)) || (ld ? d[1] < cols : d[1] != cols))
+      return std::string(name) + " must be float32 (" + (rows1 ? "1 or " : "") +
+             std::to_string(rows) + ", " + (ld ? ">= " : "") + std::to_string(cols) +
+             "); got " + DtypeName(v.value().element_type()) + Dims(d);
     to = static_cast<const float*>(v.value().untyped_data());
     if (ld) *ld = d[1];
+    if (got_rows) *got_rows = d[0];
     return {};
   };
   if (has_row_scale)
     if (std::string e = vec("row_scale", cd[0], cd[1], ep.row_scale); !e.empty()) return e;
-  if (has_col_scale)
-    if (std::string e = vec("col_scale", 1, cd[2], ep.col_scale); !e.empty()) return e;
+  if (has_col_scale) {
+    int64_t rows = 1;
+    if (std::string e = vec("col_scale", cd[0], cd[2], ep.col_scale, nullptr, &rows); !e.empty())
+      return e;
+    ep.col_scale_sb = rows == cd[0] && cd[0] > 1 ? cd[2] : 0;
+  }
   if (has_block_scale) {  // (ceil(K/128), >= M) and (ceil(K/128), ceil(N/128))
     if (cd[0] != 1) return "block scales take a batch of 1";
     const int64_t kb = (k + 127) / 128;
@@ -120,7 +127,7 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
                       bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
-                      float alpha, float beta, int32_t activation) {
+                      bool promote, float alpha, float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -168,6 +175,13 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    "pack=1 (copied K-major first): " + shapes());
   if (has_block_scale && !(byte && *ta != DType::kS8))
     return Invalid("block scales go with fp8 operands: " + shapes());
+  if ((has_row_scale || has_col_scale) && !byte && !promote)
+    return Invalid("row and column scales go with 8-bit or promoted float16 operands: " +
+                   shapes());
+  if (promote && (at != ffi::DataType::F16 || bt != ffi::DataType::F16 || transpose_a ||
+                  !transpose_b || pack))
+    return Invalid("promoted operands are float16, read K-major: a (B, M, K) with "
+                   "transpose_a=0 and b (B, N, K) with transpose_b=1, pack=0: " + shapes());
 
   const int cfg = FindConfig(config);
   if (cfg < 0) return Invalid("unknown config '" + std::string(config) + "'");
@@ -204,6 +218,7 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.params.split_k = static_cast<int>(split_k);
   pr.workspace = static_cast<float*>(workspace->untyped_data());
   pr.pack = pack;
+  pr.promote = promote;
   const WorkspacePlan plan = PlanWorkspace(pr);
   if (const int64_t need = plan.total(); static_cast<int64_t>(workspace->element_count()) < need)
     return Invalid("split_k=" + std::to_string(split_k) + (pack ? ", pack=1" : ", pack=0") +
@@ -240,6 +255,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Attr<bool>("has_col_scale")
                                   .Attr<bool>("has_block_scale")
                                   .Attr<bool>("aux")
+                                  .Attr<bool>("promote")  // GemmProblem::promote (f16x3)
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")
                                   .Attr<int32_t>("activation"),

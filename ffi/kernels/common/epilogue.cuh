@@ -101,20 +101,36 @@ __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
   return p.epi.scale ? EpiScale{p.epi.scale[0], p.epi.scale[1]} : EpiScale{p.epi.alpha, p.epi.beta};
 }
 
-// The scale of row r of item z (row_scale, 1 without) and of column c (col_scale; 1 without,
-// or past N): a scaled product's per-row / per-column factors. The sm90 kernels' epilogue
+// The scale of row r of item z (row_scale, 1 without) and of column c of item z (col_scale; 1
+// without, or past N): a scaled product's per-row / per-column factors. The sm90 kernels' epilogue
 // (epilogue_sm90.cuh) and the split-K reduction (epi_pre) apply them: scaled products have
-// 8-bit operands, which run there alone (LaunchGemm rejects the scales anywhere else).
+// 8-bit or promoted float16 operands (f16x3), which run there alone (LaunchGemm rejects the
+// scales anywhere else).
 __device__ __forceinline__ float epi_row_scale(const EpilogueParams& ep, int64_t m, int64_t z,
                                                int64_t r) {
   return ep.row_scale ? __ldg(ep.row_scale + z * m + r) : 1.0f;
 }
-__device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t n, int64_t c) {
-  return ep.col_scale && c < n ? __ldg(ep.col_scale + c) : 1.0f;
+__device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t n, int64_t z,
+                                               int64_t c) {
+  return ep.col_scale && c < n ? __ldg(ep.col_scale + z * ep.col_scale_sb + c) : 1.0f;
+}
+
+// x * a * b for a product's scales a (alpha times its row's) and b (its column's): their product
+// times x, or, where that product leaves float32's normal range (f16x3's powers of two of a row
+// and a column far apart: x * 2^113 * 2^-112 or x * 2^-97 * 2^-56), x times the one that keeps
+// x * a * b in range first, so that only a result beyond float32's range over- or underflows.
+__device__ __forceinline__ float scale_by(float x, float a, float b) {
+  const float f = a * b;
+  if ((fabsf(f) >= 1.17549435e-38f && fabsf(f) <= 3.40282347e38f) || a == 0.0f || b == 0.0f)
+    return f * x;
+  const bool a_small = fabsf(a) < fabsf(b);
+  const float small = a_small ? a : b, large = a_small ? b : a;
+  return fabsf(f) < 1.0f ? x * large * small : x * small * large;
 }
 
 // v[j] (row r, column col + j of batch item z) <- alpha * row scale * column scale * v[j] +
-// beta * C + bias (the scales: 8-bit products' W8A8 form, 1 without).
+// beta * C + bias (the scales: 8-bit products' W8A8 form, f16x3's powers of two: 1 without;
+// scale_by).
 template <int V>
 __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t z, int64_t r,
                                         int64_t col, float (&v)[V]) {
@@ -123,7 +139,8 @@ __device__ __forceinline__ void epi_pre(const GemmParams& p, EpiScale s, int64_t
   // one multiply, which it needs to stay spill-free: benchmarks/NOTES.md v42)
   const float ra = ep.row_scale ? s.alpha * epi_row_scale(ep, p.m, z, r) : s.alpha;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] *= ep.col_scale ? ra * epi_col_scale(ep, p.n, col + j) : ra;
+  for (int j = 0; j < V; ++j)
+    v[j] = ep.col_scale ? scale_by(v[j], ra, epi_col_scale(ep, p.n, z, col + j)) : v[j] * ra;
   if (ep.c) {
     const int64_t base = z * ep.c_sb + r * ep.c_sr;
 #pragma unroll

@@ -123,8 +123,9 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
 // the activation and the stores then run in a loop that is not unrolled, reading the panel.
 // The panel loop is unrolled, so that each panel's accumulators die once staged.
 // cols4: the chunk's column scales (epi_col_scale); z: the batch item (its row scales).
-// SCALED: the kernel's operands are 8-bit, whose products may carry row and column scales (16-
-// bit kernels compile without them: ptxas then kept 8 bytes of stack in the 128x256 M-major one).
+// SCALED: the kernel's products may carry row and column scales (Sm90Operands::kScaled: 8-bit
+// and promoted 16-bit operands; the others compile without them: ptxas then kept 8 bytes of
+// stack in the 128x256 M-major 16-bit kernel), applied by scale_by (kernels/common/epilogue.cuh).
 template <typename Out, bool SCALED>
 __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, char* epi,
                                              const float (&cv)[8][4], const float (&colv)[4],
@@ -139,10 +140,11 @@ __device__ __forceinline__ void epi_copy_out(const GemmParams& p, EpiScale s, ch
     const int64_t gr = row0 + rb + 8 * i;
     const float ra = SCALED && gr < row_end ? s.alpha * epi_row_scale(p.epi, p.m, z, gr) : s.alpha;
     const float4 x = *at;
-    *at = make_float4(ra * cols4[0] * x.x + s.beta * cv[i][0] + colv[0],
-                      ra * cols4[1] * x.y + s.beta * cv[i][1] + colv[1],
-                      ra * cols4[2] * x.z + s.beta * cv[i][2] + colv[2],
-                      ra * cols4[3] * x.w + s.beta * cv[i][3] + colv[3]);
+    auto sc = [&](float v, int j) { return SCALED ? scale_by(v, ra, cols4[j]) : ra * v; };
+    *at = make_float4(sc(x.x, 0) + s.beta * cv[i][0] + colv[0],
+                      sc(x.y, 1) + s.beta * cv[i][1] + colv[1],
+                      sc(x.z, 2) + s.beta * cv[i][2] + colv[2],
+                      sc(x.w, 3) + s.beta * cv[i][3] + colv[3]);
   }
   // One loop per activation (the switch outside it): the loop that runs is small and
   // straight, beside the other warpgroup's main loop (a switch per element made any
@@ -189,7 +191,7 @@ __device__ __forceinline__ void epi_block(const GemmParams& p, const Acc (&acc)[
       });
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) cols4[j] = SCALED ? epi_col_scale(ep, p.n, gc + j) : 1.0f;
+    for (int j = 0; j < 4; ++j) cols4[j] = SCALED ? epi_col_scale(ep, p.n, z, gc + j) : 1.0f;
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {

@@ -141,11 +141,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   using Tr = Sm90Traits<CFG>;
   using Acc = typename Ops::Acc;
   constexpr int kKTile = Ops::kKTile;  // elements of a k tile (64 16-bit, 128 8-bit, 32 tf32)
-  static_assert(Ops::kBytes == 2 || (A_KMAJOR && B_KMAJOR),
-                "8-bit and float32 operands are read K-major");
-  static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && (kKTile == 128 || Ops::kBytes == 4)),
+  static_assert((Ops::kBytes == 2 && !Ops::kPromote) || (A_KMAJOR && B_KMAJOR),
+                "8-bit, float32 and promoted 16-bit operands are read K-major");
+  static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && (kKTile == 128 || Ops::kBytes != 1)),
                 "fp8: a k tile is one 128-slice of K, pieces of 128 columns (the block scales' "
-                "blocks); TF32: pieces of 128 columns");
+                "blocks); TF32 and promoted 16-bit: pieces of 128 columns");
   extern __shared__ __align__(1024) char smem_raw[];
   __shared__ __align__(8) uint64_t full[Tr::kStages], empty[Tr::kStages];
   const uint32_t smem = (ptx::cvta_to_shared(smem_raw) + 1023u) & ~1023u;
@@ -241,12 +241,13 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
   // wait on a stage two fills ahead (it would take the other's tile for its own).
   const uint32_t my_turn = 3 + cw, their_turn = 3 + (1 - cw);
-  // TF32 pieces of two cooperative warpgroups are issued in turns (named barriers 5 + c):
+  // TF32 and promoted 16-bit pieces of two cooperative warpgroups are issued in turns (named
+  // barriers 5 + c):
   // warpgroup 1 issues a piece once warpgroup 0 has issued its own, warpgroup 0 its next once
   // warpgroup 1 has (all but its first piece; it waits once more after its last, so the
   // barrier's arrivals balance). fp8 pieces issue freely: in turns they were slower
   // (benchmarks/NOTES.md v38).
-  constexpr bool kTurns = Ops::kPromote && Ops::kBytes == 4 && !Tr::kPingPong &&
+  constexpr bool kTurns = Ops::kPromote && Ops::kBytes != 1 && !Tr::kPingPong &&
                           Tr::kConsumers == 2;
   const uint32_t piece_wait = 5 + cw, piece_give = 5 + (1 - cw);
   bool piece_first = cw == 0;
@@ -419,9 +420,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         // into `part` (4 wgmma of 32 bytes of K), then, once complete, times its block scales
         // (fp8, DeepSeek-V3; 1 without) added to the float32 sums. The scales of the next k tile are loaded during
         // this one's first piece (a global load's latency exceeds a piece's tensor-core time).
-        // TF32: a piece spans two k tiles (64 of K, 8 wgmma) where two are left: half the
-        // drains. fp8 keeps one (promoted at least every 128 of K).
-        constexpr bool kPairs = Ops::kBytes == 4;
+        // TF32 and promoted 16-bit: a piece spans two k tiles (64 / 128 of K, 8 wgmma) where
+        // two are left: half the drains. fp8 keeps one (promoted at least every 128 of K).
+        constexpr bool kPairs = Ops::kBytes != 1;
         const bool pair = kPairs && kt + 1 < wk.ktiles;
         const int s1 = s + 1 == Tr::kStages ? 0 : s + 1;  // the pair's second stage
         if (pair) ptx::mbarrier_wait(full_bar(s1), phase ^ (s + 1 == Tr::kStages));
@@ -531,7 +532,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         });
       } else {
         with_dtype(p.d_type, [&](auto out) {
-          epi_block<decltype(out), Tr::kBN, Acc, Ops::kBytes == 1>(
+          epi_block<decltype(out), Tr::kBN, Acc, Ops::kScaled>(
               p, acc[mb], wk.z, wk.d_item(p), row0, wk.n0, wk.row_end, t, epi, 1 + cw);
         });
       }

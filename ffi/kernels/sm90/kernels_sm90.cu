@@ -62,15 +62,18 @@ std::string EncodeOperand(CUtensorMap* map, DType t, const void* base, int64_t c
 }
 
 // Shared-memory limit raised, per device: 16-bit kernels [in_type][config][layout], 8-bit ones
-// [a's type - kE4M3][b's type - kE4M3][config], float32 ones [config] (K-major only).
+// [a's type - kE4M3][b's type - kE4M3][config], float32 and promoted float16 ones [config]
+// (K-major only).
 std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
 std::atomic<uint64_t> g_byte_configured[3][3][kNumConfigs];
 std::atomic<uint64_t> g_tf32_configured[kNumConfigs];
+std::atomic<uint64_t> g_f16x3_configured[kNumConfigs];
 
 }  // namespace
 
 std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b_type,
-                       bool a_kmajor, bool b_kmajor, int device, int sms, cudaStream_t stream) {
+                       bool a_kmajor, bool b_kmajor, bool promote, int device, int sms,
+                       cudaStream_t stream) {
   const int layout = int(a_kmajor) * 2 + int(b_kmajor);
   const bool byte = IsByteOperand(in_type), tf32 = in_type == DType::kF32;
   if (!byte && !tf32 && in_type != DType::kF16 && in_type != DType::kBF16)
@@ -79,6 +82,8 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
     return "8-bit operands run K-major (A as [M][K], B as [N][K]) and both 8-bit";
   if (tf32 && !(b_type == DType::kF32 && a_kmajor && b_kmajor))
     return "float32 operands run K-major (A as [M][K], B as [N][K]) and both float32";
+  if (promote && !(in_type == DType::kF16 && a_kmajor && b_kmajor))
+    return "promoted operands are float16, K-major (A as [M][K], B as [N][K])";
   if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
   const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
@@ -92,6 +97,9 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
   } else if (tf32) {
     k = Sm90Tf32Entry(config);
     if (!k.fn) return "config " + ConfigNames()[config] + " has no kernel for float32 operands";
+  } else if (promote) {
+    k = Sm90F16x3Entry(config);
+    if (!k.fn) return "config " + ConfigNames()[config] + " has no promoted float16 kernel";
   } else {
     with_dtype(in_type, [&](auto elem) {  // the one dispatch on the 16-bit operand type
       using T = decltype(elem);
@@ -112,8 +120,9 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
 
   auto& raised = byte   ? g_byte_configured[int(in_type) - int(DType::kE4M3)]
                                            [int(b_type) - int(DType::kE4M3)][config]
-                 : tf32 ? g_tf32_configured[config]
-                        : g_configured[int(in_type)][config][layout];
+                 : tf32    ? g_tf32_configured[config]
+                 : promote ? g_f16x3_configured[config]
+                           : g_configured[int(in_type)][config][layout];
   if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));

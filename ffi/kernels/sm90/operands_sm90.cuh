@@ -20,14 +20,19 @@ namespace tcgemm {
 // wgmma sums keep fewer bits than float32; TF32, whose wgmma float32 sums are truncated: chained
 // over all of K their error grows linearly with K, 1.6e-4 at K = 65536 for 3xTF32 against
 // 1.1e-6 for float32 FMA; summed per 32 or 64 of K and added with round-to-nearest FADDs it
-// does not grow: benchmarks/NOTES.md v35, v38).
-template <typename TA, typename TB = TA>
+// does not grow: benchmarks/NOTES.md v35, v38). PROMOTED: 16-bit operands summed so too (float16
+// parts of float32 operands, f16x3: GemmProblem::promote), K-major both, as TF32 is.
+// kScaled: products that may carry row and column scales in the epilogue (8-bit: W8A8 and fp8
+// per-row / per-column scales; f16x3: the parts' powers of two).
+template <typename TA, typename TB = TA, bool PROMOTED = false>
 struct Sm90Operands {
   using A = TA;
   using B = TB;
   static constexpr int kBytes = ElemTraits<TA>::kBytes;
   static constexpr bool kInt = std::is_same_v<TA, int8_t>;
-  static constexpr bool kPromote = (kBytes == 1 && !kInt) || kBytes == 4;
+  static constexpr bool kPromote = (kBytes == 1 && !kInt) || kBytes == 4 || PROMOTED;
+  static constexpr bool kScaled = kBytes == 1 || PROMOTED;
+  static_assert(!PROMOTED || kBytes == 2, "PROMOTED: 16-bit operands");
   static constexpr bool kBlockScales = kBytes == 1 && !kInt;  // DeepSeek-V3 block scales: fp8
   using Acc = std::conditional_t<kInt, int, float>;
   static constexpr int kKTile = 128 / kBytes;  // elements of a k tile: one 128-byte row
