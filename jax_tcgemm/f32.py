@@ -8,11 +8,15 @@ algorithm's pairs (i, j), smaller terms first), e.g. 3xTF32:
     a' = [a_lo | a_hi | a_hi]    b' = [b_hi | b_lo | b_hi]    a' @ b' = a_lo b_hi + a_hi b_lo + a_hi b_hi
 
 TF32 parts stay float32 (the TF32 kernels read float32 and use its 10 high mantissa bits: the
-parts are rounded to exactly those); bfloat16 parts run on the bfloat16 kernels. Splitting
+parts are rounded to exactly those); bfloat16 parts run on the bfloat16 kernels; f16x3's
+float16 parts of rows scaled by powers of two (f16_parts, concat_scaled) on the float16 kernels
+that sum each 128 of K apart, the powers of two undone by the epilogue's row and column scales. Splitting
 rounds to nearest, so each part is the operand's best approximation at that width and the
 remainder is exact in float32 (Markidis et al., "NVIDIA Tensor Core Programmability,
 Performance & Precision", 2018; CUTLASS example 27). Non-finite values stay in the big part
-(their remainders are 0), so infinities and NaNs propagate as in float32.
+(their remainders are 0), and the big part meets the other operand's remainders with them
+zeroed (_laid): only the product of the two big parts sees them, so infinities and NaNs
+propagate as in float32 (inf x a remainder of 0 would make a NaN float32 never had).
 """
 from __future__ import annotations
 
@@ -27,7 +31,13 @@ TERMS = {
     "bf16x3": ((1, 0), (0, 1), (0, 0)),
     "bf16x6": ((2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)),
     "bf16x9": ((2, 2), (2, 1), (1, 2), (2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)),
+    "f16x3": ((1, 0), (0, 1), (0, 0)),
 }
+# f16x3: float16 parts of each operand's rows scaled by powers of two (f16_parts): the largest
+# finite magnitude of a row (of a: along K; of b: a column) becomes [2^14, 2^15), so that both
+# parts keep their 11 bits over float16's range, and the product's float32 result is scaled
+# back by the two powers of two (exact) in the kernels' epilogue (row and column scales).
+F16_TOP = 15
 
 
 def _round(x, half, mask):
@@ -72,19 +82,57 @@ def parts(x, algo):
     return out
 
 
+def f16_parts(x, k_axis):
+    """(hi, lo, inv) for float32 x: hi + lo = x * s to 22 bits, both float16, where s is the
+    power of two per slice along k_axis (a row of a, a column of b) that puts its largest finite
+    magnitude in [2^14, 2^15) (1 for a slice of zeros; at most 2^126 up: float32 subnormals keep
+    what float16 holds of them); inv = 1 / s, float32, with k_axis dropped. hi is x * s rounded
+    to 10 mantissa bits (tf32_round: float16's, exact in float16 over its normal range), lo
+    the remainder (exact in float32) rounded to float16; non-finite values stay in hi (lo 0)."""
+    finite = jnp.isfinite(x)
+    top = jnp.max(jnp.where(finite, jnp.abs(x), 0.0), axis=k_axis, keepdims=True)
+    _, e = jnp.frexp(top)  # top < 2^e
+    shift = jnp.clip(jnp.where(top > 0, F16_TOP - e, 0), -126, 126)
+    y = x * lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)  # exact: 2^shift
+    hi = tf32_round(y)
+    lo = jnp.where(finite, y - hi, 0.0)
+    inv = lax.bitcast_convert_type((127 - jnp.squeeze(shift, k_axis)) << 23, jnp.float32)
+    return hi.astype(jnp.float16), lo.astype(jnp.float16), inv
+
+
+def _laid(pa, pb, algo, k_axis_a, k_axis_b):
+    """The parts side by side along K, one block per term of TERMS[algo]; a big part (0) in a
+    term with a remainder has its non-finite values zeroed."""
+    def part(ps, i, other):
+        p = ps[i]
+        return jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype)) if i == 0 < other else p
+    terms = TERMS[algo]
+    return (jnp.concatenate([part(pa, i, j) for i, j in terms], axis=k_axis_a),
+            jnp.concatenate([part(pb, j, i) for i, j in terms], axis=k_axis_b))
+
+
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     """(a', b'): the parts of a and b side by side along their K axes, one block of K per
     product of TERMS[algo], so that a' @ b' is the algorithm's sum."""
     pa, pb = parts(a, algo), parts(b, algo)
-    terms = TERMS[algo]
-    if len(terms) == 1:
+    if len(TERMS[algo]) == 1:
         return pa[0], pb[0]
-    return (jnp.concatenate([pa[i] for i, _ in terms], axis=k_axis_a),
-            jnp.concatenate([pb[j] for _, j in terms], axis=k_axis_b))
+    return _laid(pa, pb, algo, k_axis_a, k_axis_b)
+
+
+def concat_scaled(a, b, k_axis_a, k_axis_b):
+    """f16x3's (a', b', inv_a, inv_b): f16_parts of a and b side by side along their K axes as
+    concat_operands lays them, and the powers of two that scale the product back (a's per row,
+    b's per column: inv_a[..., m] * (a' @ b')[..., m, n] * inv_b[..., n] is the product)."""
+    ha, la, inv_a = f16_parts(a, k_axis_a)
+    hb, lb, inv_b = f16_parts(b, k_axis_b)
+    return (*_laid((ha, la), (hb, lb), "f16x3", k_axis_a, k_axis_b), inv_a, inv_b)
 
 
 def concat_k(k, algo):
-    """K of the product an algorithm's parts make of a product over K (concat_operands): one
-    block of K per term, padded for the TF32 kernels to a multiple of 4 (16-byte rows)."""
+    """K of the product an algorithm's parts make of a product over K (concat_operands,
+    concat_scaled): one block of K per term, padded for the TF32 and promoted float16 kernels to
+    16-byte rows (a multiple of 4, 8)."""
     kk = k * len(TERMS[algo])
-    return kk + (-kk % 4 if algo.startswith("tf32") else 0)
+    row16 = {"tf32": 4, "tf32x3": 4, "f16x3": 8}.get(algo, 1)
+    return kk + -kk % row16

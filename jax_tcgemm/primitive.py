@@ -32,7 +32,7 @@ from jax.extend.core import Primitive
 from jax.lax import dot_general as _lax_dot_general  # as imported: safe under a monkeypatch
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi, epilogue, f32, problem, sharding
+from . import _ffi, epilogue, f32, lowering, problem, sharding
 from .epilogue import activate_grad
 from .problem import IN_DTYPES, OPERAND_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, F32, dims
 from .problem import split_operands
@@ -157,43 +157,7 @@ def reference(*args, transpose_a, transpose_b, out_dtype, alpha=1.0, beta=0.0,
 def _cuda_lowering(ctx, *args, **params):
     if np.dtype(ctx.avals_in[0].dtype) == F32:
         return _f32_lowering(ctx, *args, **params)
-    return _kernel_lowering(ctx, *args, **params)
-
-
-def _kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
-                     has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
-    """The FFI call on operands the kernels read as they are: float16 / bfloat16 in any layout,
-    float32 K-major with K a multiple of 4 (one TF32 pass: _f32_lowering makes the rest so)."""
-    from . import configs
-    del precision  # float16 / bfloat16: exact products at any; float32: one TF32 pass here
-    _ffi.require()
-    a_aval, b_aval = ctx.avals_in[:2]
-    bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
-    tf32 = np.dtype(a_aval.dtype) == F32  # (always with a plan: _f32_lowering, _f32_product)
-    if plan is not None:
-        config, split_k = plan
-    else:
-        config, split_k = configs.plan_for_device(
-            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
-            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
-    pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
-    # Split-K partials and packed operand copies live in a float32 workspace: an extra result
-    # of the call (command buffers allow no scratch allocation inside the handler), dropped.
-    ws = jax.core.ShapedArray((configs.workspace_floats(
-        m, n, k, bt, a_aval.shape[0] == 1, b_aval.shape[0] == 1, transpose_a, transpose_b,
-        config, split_k, pack, np.dtype(a_aval.dtype).itemsize),), np.dtype(np.float32))
-    outs = list(ctx.avals_out)
-    avals_out = [outs[0], ws] + outs[1:]
-    c_aval = ctx.avals_in[2] if has_c else None
-    alias = (overwrite_c and c_aval.shape == outs[0].shape and c_aval.dtype == outs[0].dtype)
-    res = jax.ffi.ffi_lowering(_ffi.TARGET, operand_output_aliases={2: 0} if alias else None)(
-        ctx.replace(avals_out=avals_out), *args, transpose_a=transpose_a,
-        transpose_b=transpose_b, config=config, split_k=np.int64(split_k), pack=pack,
-        has_c=has_c, has_bias=has_bias, has_scale=has_scale, has_row_scale=False,
-        has_col_scale=False, has_block_scale=False, aux=aux,
-        alpha=np.float32(alpha), beta=np.float32(beta),
-        activation=np.int32(problem.activation_index(activation)))
-    return [res[0]] + list(res[2:])
+    return lowering.kernel_lowering(ctx, *args, **params)
 
 
 _fallback_lowering = mlir.lower_fun(reference, multiple_results=True)
@@ -205,7 +169,8 @@ _TF32_PASS = lax.DotAlgorithmPreset.TF32_TF32_F32
 def _f32_lowering(ctx, *args, **params):
     """float32 operands on CUDA, by their precision's algorithm (problem.f32_algorithm). On
     compute capability 9.0 the multi-pass algorithms are one product of the operands' parts
-    side by side along K (f32.concat_operands, XLA ops in front of the call); one TF32 pass is
+    side by side along K (f32.concat_operands, XLA ops in front of the call; f16x3:
+    lowering.f16x3_product, which scales them back in the epilogue); one TF32 pass is
     XLA's (problem.F32_ON_KERNELS says why) unless a config is forced, then it is the FFI call
     (K-major operands with K % 4 == 0 as they are, others made so). lax computes the
     algorithms our kernels lack, and all on other GPUs (XLA's TF32 / presets: one contract)."""
@@ -218,11 +183,14 @@ def _f32_lowering(ctx, *args, **params):
     if (algo not in problem.F32_ON_KERNELS and plan is None) or algo is None or \
             not _ffi.available() or arch is None or tuple(arch[:2]) != (9, 0):
         return _fallback_lowering(ctx, *args, **params)
-    if plan is not None and algo.startswith("tf32") and not configs.BY_NAME[plan[0]].f32:
-        raise ValueError(f"tcgemm: config {plan[0]} has no float32 (TF32) kernel; rows that "
-                         f"do: {[c.name for c in configs.CONFIGS if c.f32]}")
+    if plan is not None and algo in ("tf32", "tf32x3", "f16x3") and \
+            not configs.BY_NAME[plan[0]].f32:
+        raise ValueError(f"tcgemm: config {plan[0]} has no float32 (TF32, f16x3) kernel; rows "
+                         f"that do: {[c.name for c in configs.CONFIGS if c.f32]}")
     if algo == "tf32" and not ta and tb and k % 4 == 0:
-        return _kernel_lowering(ctx, *args, **params)
+        return lowering.kernel_lowering(ctx, *args, **params)
+    if algo == "f16x3":
+        return lowering.f16x3_lowering(ctx, *args, **params)
     return mlir.lower_fun(functools.partial(_f32_product, algo=algo, **params),
                           multiple_results=True)(ctx, *args)
 

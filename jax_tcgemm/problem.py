@@ -138,18 +138,23 @@ def swap_precision(precision):
 # How a float32 x float32 product runs on the tensor cores, by its precision (issue 25):
 #   "tf32"    one TF32 pass (what XLA does on GPU at DEFAULT / HIGH)
 #   "tf32x3"  each operand split into a TF32 part and a TF32 remainder, three products summed in
-#             float32 (a_hi b_hi + a_hi b_lo + a_lo b_hi: float32 accuracy; HIGHEST)
+#             float32 (a_hi b_hi + a_hi b_lo + a_lo b_hi: the preset TF32_TF32_F32_X3)
+#   "f16x3"   the same three products of float16 parts, each operand's rows (a) and columns (b)
+#             scaled by powers of two into float16's range first and the result scaled back in
+#             the epilogue (f32.f16_parts), on the float16 kernels that sum each 128 of K apart
+#             (GemmProblem::promote): float32 accuracy at twice 3xTF32's speed (HIGHEST;
+#             benchmarks/NOTES.md v47)
 #   "bf16", "bf16x3", "bf16x6", "bf16x9"  the lax.DotAlgorithmPreset BF16_BF16_F32[_Xn]: each
 #             operand split into 1-3 bfloat16 parts, n products of the bfloat16 kernels
 # None: lax computes it (F32_F32_F32, the 8- and 16-bit presets, a lax.DotAlgorithm: what our
 # kernels do not implement).
-F32_ALGORITHMS = ("tf32", "tf32x3", "bf16", "bf16x3", "bf16x6", "bf16x9")
+F32_ALGORITHMS = ("tf32", "tf32x3", "f16x3", "bf16", "bf16x3", "bf16x6", "bf16x9")
 # The algorithms our kernels run unless a config is forced. One TF32 pass is XLA's: on an H100
 # (benchmarks/NOTES.md v35) our TF32 kernel, which sums each k tile apart for 3xTF32's float32
 # accuracy, ran 8192^3 at 239 TFLOP/s against cuBLAS's 359 (0.67x; 0.97x when it chained its
 # sums over all of K), and XLA rounds the operands to TF32 where the tensor cores truncate them
 # (max error 2.9e-4 against 7.7e-4).
-F32_ON_KERNELS = ("tf32x3", "bf16", "bf16x3", "bf16x6", "bf16x9")
+F32_ON_KERNELS = ("tf32x3", "f16x3", "bf16", "bf16x3", "bf16x6", "bf16x9")
 _PRESET_ALGORITHMS = {"DEFAULT": "tf32", "TF32_TF32_F32": "tf32", "TF32_TF32_F32_X3": "tf32x3",
                       "BF16_BF16_F32": "bf16", "BF16_BF16_F32_X3": "bf16x3",
                       "BF16_BF16_F32_X6": "bf16x6", "BF16_BF16_F32_X9": "bf16x9"}
@@ -160,11 +165,11 @@ def f32_algorithm(precision):
     """The algorithm (F32_ALGORITHMS, or None: lax) of a float32 product of canonical
     `precision`: None (no jax_default_matmul_precision), DEFAULT and HIGH run one TF32 pass as
     XLA does on GPU; HIGHEST (either operand's: the higher of a pair, as XLA takes it) runs
-    3xTF32; a preset runs as named where F32_ALGORITHMS has it."""
+    f16x3; a preset runs as named where F32_ALGORITHMS has it."""
     if precision is None:
         return "tf32"
     if isinstance(precision, lax.DotAlgorithmPreset):
         return _PRESET_ALGORITHMS.get(precision.name)
     if isinstance(precision, tuple):
-        return "tf32x3" if max(_RANK[p] for p in precision) == 2 else "tf32"
+        return "f16x3" if max(_RANK[p] for p in precision) == 2 else "tf32"
     return None  # a lax.DotAlgorithm

@@ -31,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 # As imported: a user may monkeypatch jax.lax.dot_general = tg.dot_general.
 from jax.lax import dot_general as _lax_dot_general
 
-from . import _ffi, configs, epilogue, problem
+from . import _ffi, configs, epilogue, lowering
 from .ops import _as_array
 
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
@@ -274,11 +274,11 @@ def _kernel(a2, b, sa, sb, c3, bias2, scale, st, plan):
         _ffi.TARGET, (jax.ShapeDtypeStruct((1, r, n), out_dtype),
                       jax.ShapeDtypeStruct((ws,), jnp.float32)),
         vmap_method="sequential")
-    d, _ = call(*args, transpose_a=False, transpose_b=transpose_b, config=config,
-                split_k=np.int64(split), pack=not transpose_b, has_c=c3 is not None,
-                has_bias=bias2 is not None, has_scale=not int_out, has_row_scale=row,
-                has_col_scale=col, has_block_scale=block, aux=False, alpha=np.float32(1.0), beta=np.float32(0.0),
-                activation=np.int32(problem.activation_index(activation or "none")))
+    d, _ = call(*args, **lowering.ffi_attrs(
+        transpose_a=False, transpose_b=transpose_b, config=config, split_k=split,
+        pack=not transpose_b, has_c=c3 is not None, has_bias=bias2 is not None,
+        has_scale=not int_out, aux=False, activation=activation, row_scale=row, col_scale=col,
+        block_scale=block))
     return d.reshape(bsz, m, n)
 
 

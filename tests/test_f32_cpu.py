@@ -28,9 +28,9 @@ def rel_err(got, a, b):
 
 
 @pytest.mark.parametrize("precision,algo", [
-    (None, "tf32"), ("default", "tf32"), ("high", "tf32"), ("highest", "tf32x3"),
-    (P.HIGHEST, "tf32x3"), ((P.DEFAULT, P.HIGHEST), "tf32x3"), ((P.HIGH, P.DEFAULT), "tf32"),
-    ("tensorfloat32", "tf32"), ("float32", "tf32x3"), ("bfloat16_3x", "tf32"),
+    (None, "tf32"), ("default", "tf32"), ("high", "tf32"), ("highest", "f16x3"),
+    (P.HIGHEST, "f16x3"), ((P.DEFAULT, P.HIGHEST), "f16x3"), ((P.HIGH, P.DEFAULT), "tf32"),
+    ("tensorfloat32", "tf32"), ("float32", "f16x3"), ("bfloat16_3x", "tf32"),
     (PRESET.DEFAULT, "tf32"), (PRESET.TF32_TF32_F32, "tf32"),
     (PRESET.TF32_TF32_F32_X3, "tf32x3"), (PRESET.BF16_BF16_F32, "bf16"),
     (PRESET.BF16_BF16_F32_X3, "bf16x3"), (PRESET.BF16_BF16_F32_X6, "bf16x6"),
@@ -43,7 +43,7 @@ def test_algorithm_of_precision(precision, algo):
 
 def test_default_matmul_precision_config_decides():
     with jax.default_matmul_precision("highest"):
-        assert problem.f32_algorithm(problem.canonical_precision(None)) == "tf32x3"
+        assert problem.f32_algorithm(problem.canonical_precision(None)) == "f16x3"
     with jax.default_matmul_precision("tensorfloat32"):
         assert problem.f32_algorithm(problem.canonical_precision(None)) == "tf32"
 
@@ -90,14 +90,84 @@ def test_non_finite_values_stay_in_the_big_part():
         assert (np.abs(total[:2] - xd) <= 2.0**-16 * np.abs(xd)).all()
 
 
-@pytest.mark.parametrize("algo,bound", [("tf32x3", 2e-6), ("bf16x6", 2e-6), ("bf16x9", 1e-6),
-                                        ("bf16x3", 4e-5), ("bf16", 1e-2)])
+def test_f16_parts():
+    """f16x3's parts: per row, a power of two s puts the largest finite magnitude in [2^14,
+    2^15); hi is x * s at float16's 11 bits, hi + lo within 2^-22 of it (elements within 2^17 of
+    the row's largest; below, float16's subnormals bound the error at 2^-38 of that largest);
+    a zero row keeps s = 1; rows 10^+-38 apart, non-finite values (in hi, lo 0); a row of float32
+    subnormals (which XLA's arithmetic may flush to zero) stays finite and no larger."""
+    x = rand(20, (8, 300))
+    x[1] *= 1e-30
+    x[2] *= 1e30
+    x[3] = 0.0
+    x[4] = rand(21, (300,)) * 1e-40  # float32 subnormals
+    x[5, :3] = [3.4e38, -3.4e38, 1e-20]
+    x[6, :3] = [np.inf, -np.inf, np.nan]
+    x[7] *= 10.0 ** np.linspace(-20, 0, 300)  # 2^66 of range inside one row
+    hi, lo, inv = jax.jit(f32.f16_parts, static_argnums=1)(jnp.asarray(x), 1)
+    assert hi.dtype == lo.dtype == jnp.float16 and inv.shape == (8,) and inv.dtype == jnp.float32
+    inv = np.asarray(inv, np.float64)
+    assert (np.frexp(inv)[0] == 0.5).all() and inv[3] == 1.0  # powers of two; zero row: 1
+    h, lo_ = np.asarray(hi, np.float64), np.asarray(lo, np.float64)
+    sub = (h[4] + lo_[4]) * inv[4]
+    assert np.isfinite(sub).all() and (np.abs(sub) <= np.abs(x[4])).all()
+    x[4] = 0.0
+    h[4] = lo_[4] = 0.0
+    fin = np.isfinite(x)
+    top = np.where(fin, np.abs(x), 0).max(1)
+    assert (np.abs(h[fin]) < 2.0**15).all()
+    assert ((top / inv >= 2.0**14) | (top == 0) | (inv == 2.0**-126)).all(), (top, inv)
+    xd = np.where(fin, x, 0).astype(np.float64)
+    err = np.abs((h + lo_) * inv[:, None] - xd)
+    assert (err[fin] <= np.maximum(2.0**-22 * np.abs(xd), 2.0**-38 * top[:, None].repeat(300, 1))[fin]).all()
+    assert np.isposinf(h[6, 0]) and np.isneginf(h[6, 1]) and np.isnan(h[6, 2])
+    assert (lo_[6, :3] == 0).all()
+
+
+@pytest.mark.parametrize("algo", ["tf32x3", "f16x3", "bf16x6"])
+def test_infinities_meet_only_big_parts(algo):
+    """An infinity in a meets b's big parts only (its remainders are zeroed where they face a
+    big part): inf x b stays inf where b's remainders are 0 (values exact in the parts), as in
+    float32, and a NaN of the data stays NaN."""
+    a = np.ones((3, 8), np.float32)
+    a[0, 2], a[1, 3], a[2, 4] = np.inf, -np.inf, np.nan
+    b = np.full((8, 5), 0.5, np.float32)  # exact in every part: remainders 0
+    want = np.asarray(jnp.dot(a, b, precision="highest"), np.float64)
+    if algo == "f16x3":
+        ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
+        got = np.asarray(jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32),
+                                 precision="highest"), np.float64) * np.asarray(ia)[:, None] * \
+            np.asarray(ib)[None, :]
+    else:
+        ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
+        got = np.asarray(jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32),
+                                 precision="highest"), np.float64)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("algo,bound", [("tf32x3", 2e-6), ("f16x3", 2e-6), ("bf16x6", 2e-6),
+                                        ("bf16x9", 1e-6), ("bf16x3", 4e-5), ("bf16", 1e-2)])
 def test_concatenated_product_accuracy(algo, bound):
     """The algorithm's one product over K' = terms x K, with lax's float32 (HIGHEST) product
     standing in for the kernels' float32 accumulation: float64-referenced error bounds
     (3xTF32 and BF16x6: float32 accuracy, issue 25's 2e-6)."""
     m, n, k = 96, 80, 1000
     a, b = rand(5, (m, k)), rand(6, (k, n))
+    if algo == "f16x3":
+        def product(a, b):
+            ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
+            assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (m, 3 * k)
+            got = jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32), precision="highest")
+            return np.asarray(got, np.float64) * np.asarray(ia)[:, None] * np.asarray(ib)[None, :]
+        assert rel_err(product(a, b), a, b) <= bound
+        # rows of a and columns of b 10^+-20 apart (the powers of two's work): every element
+        # within 2^-22 of |a_i| |b_j|
+        a *= (10.0 ** np.random.default_rng(7).uniform(-20, 20, (m, 1))).astype(np.float32)
+        b *= (10.0 ** np.random.default_rng(8).uniform(-20, 20, (1, n))).astype(np.float32)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        norms = np.linalg.norm(a64, axis=1)[:, None] * np.linalg.norm(b64, axis=0)[None, :]
+        assert (np.abs(product(a, b) - a64 @ b64) <= 2.0**-22 * norms).all()
+        return
     # under jit, as in the lowering (XLA must not fold the parts' conversions away)
     ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
     assert ac.shape == (m, k * len(f32.TERMS[algo])) and bc.shape == (k * len(f32.TERMS[algo]), n)
@@ -183,7 +253,8 @@ def test_lowering_one_pass_is_xla_unless_forced(h100):
 
 @needs_module
 @pytest.mark.parametrize("precision,k_prime,elem", [
-    ("highest", 3 * 258 + 2, "f32"),            # 3xTF32: three TF32 parts, K-major
+    ("highest", 3 * 258 + 2, "f16"),            # f16x3: float16 parts, K-major, promoted
+    (PRESET.TF32_TF32_F32_X3, 3 * 258 + 2, "f32"),  # 3xTF32: three TF32 parts, K-major
     (PRESET.BF16_BF16_F32_X6, 6 * 258, "bf16"),  # bfloat16 parts on the bfloat16 kernels
     (PRESET.BF16_BF16_F32, 258, "bf16"),
 ])
@@ -193,8 +264,13 @@ def test_lowering_parts(h100, precision, k_prime, elem):
     assert len(calls) == 1
     line = calls[0]["line"]
     assert f"x{k_prime}x{elem}>" in line, line
-    if elem == "f32":
+    promoted = elem == "f16"
+    assert calls[0]["promote"] == str(promoted).lower()
+    assert calls[0]["has_row_scale"] == calls[0]["has_col_scale"] == str(promoted).lower()
+    if elem != "bf16":
         assert calls[0]["transpose_b"] == "true" and configs.BY_NAME[calls[0]["config"]].f32
+    if promoted:  # (B, M) and (1, N) scales after the operands
+        assert "tensor<1x64xf32>" in line and "tensor<1x96xf32>" in line, line
 
 
 @needs_module

@@ -1,5 +1,5 @@
 """GPU tests of float32 products (issue 25): every algorithm our kernels run (one TF32 pass,
-3xTF32, the BF16 presets), every layout, batch, shapes that are not tile multiples, K not a
+3xTF32, f16x3 at HIGHEST, the BF16 presets), every layout, batch, shapes that are not tile multiples, K not a
 multiple of 4, the fused epilogue and every output dtype, K splits, vmap and gradients, the
 accuracy bars (2048^3 and K = 65536 against float64 and jnp's HIGHEST). (The seeded fuzz of
 tests/test_fuzz.py covers float32 operands too, at HIGHEST.)
@@ -30,7 +30,8 @@ PRESET = lax.DotAlgorithmPreset
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 # precision -> relative (Frobenius) error bound against float64 of the float32 operands, for
 # N(0, 1) data and K up to 4096: one TF32 or BF16 pass rounds the operands (2^-11 / 2^-8);
-# 3xTF32 is float32-accurate (the TF32 kernels sum each k tile apart); BF16x3 keeps 2^-16 per
+# 3xTF32 and f16x3 (HIGHEST) are float32-accurate (their kernels sum each 64 / 128 of K apart,
+# f16x3's rows scaled into float16's range by powers of two); BF16x3 keeps 2^-16 per
 # product; BF16x6 / x9 run on the bfloat16 kernels, whose sums chain over all of K' = 6K / 9K
 # and lose ~2^-24 per step (measured on an H100 at K = 4096: 2.9e-6 / 4.4e-6; NOTES v35).
 PRECISIONS = {
@@ -120,15 +121,73 @@ def test_epilogue(out_dtype, activation):
 @pytest.mark.skipif(not configs.CONFIGS, reason="needs the compiled extension")
 @pytest.mark.parametrize("config", [c.name for c in configs.CONFIGS if c.f32])
 @pytest.mark.parametrize("split", [1, 2, 3])
-def test_forced_rows_and_splits(config, split):
+@pytest.mark.parametrize("precision", [PRESET.TF32_TF32_F32, "highest"], ids=["tf32", "f16x3"])
+def test_forced_rows_and_splits(config, split, precision):
+    """Every row with float32 kernels at 1-3 K slices: one TF32 pass, and f16x3 (the promoted
+    float16 kernels) with a batched b (per-item column scales), K = 1001 (K' = 3003, padded to
+    3008) and an epilogue (bias, relu) after the scales."""
     if not _sm90():
         pytest.skip("TF32 kernels run on compute capability 9.0")
-    m, n, k = 200, 300, 1000
+    m, n, k = 200, 300, 1001
     a, b = rand32(seed_of(config, split), (2, m, k)), rand32(seed_of(config, split, 1), (2, n, k))
     want = np.einsum("bmk,bnk->bmn", a.astype(np.float64), b)
+    if precision == "highest":
+        bias = rand32(seed_of(config, split, 2), (n,))
+        want = np.maximum(want + bias, 0.0)
+        check(lambda x, y, z: tcgemm(x, y, bias=z[None], transpose_b=True, config=config,
+                                     split_k=split, activation="relu", precision=precision),
+              (a, b, bias), want, 2e-6, f"f16x3 {config} split {split}")
+        return
     check(lambda x, y: tcgemm(x, y, transpose_b=True, config=config, split_k=split,
-                              precision=PRESET.TF32_TF32_F32),
+                              precision=precision),
           (a, b), want, 2e-3, f"{config} split {split}")
+
+
+def test_highest_over_float32_range():
+    """f16x3 scales each row of a and column of b into float16's range by a power of two: rows
+    and columns 10^+-30 apart (scales whose product leaves float32's range: the epilogue's
+    scale_by), a zero row and near-maximal values keep float32 accuracy per element (error
+    against float64 relative to |a_i| |b_j|, beside jnp's own); a column of float32 subnormals
+    (which XLA's arithmetic may flush) gives finite values."""
+    rng = np.random.default_rng(seed_of("range"))
+    m, n, k = 300, 200, 700
+    a = rand32(41, (m, k)) * 10.0 ** rng.uniform(-30, 30, (m, 1))
+    b = rand32(42, (k, n)) * 10.0 ** rng.uniform(-30, 30, (1, n))
+    a[3], a[5, :4] = 0.0, 3e38
+    b[:, 7] = rand32(43, (k,)) * 1e-41  # subnormal column
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = a64 @ b64
+    scale = np.linalg.norm(a64, axis=1)[:, None] * np.linalg.norm(b64, axis=0)[None, :]
+    ok = np.isfinite(want) & (scale < 3e38) & (scale > 1e-36)
+    ok[:, 7] = False
+
+    def err(out):
+        out = np.asarray(out, np.float64)
+        assert np.isfinite(out[ok]).all()
+        return float((np.abs(out - want)[ok] / scale[ok]).max())
+    out = jax.jit(lambda x, y: tg.matmul(x, y, precision="highest"))(a, b)
+    assert np.isfinite(np.asarray(out)[:, 7]).all()
+    ours = err(out)
+    theirs = err(jax.jit(lambda x, y: jnp.dot(x, y, precision="highest"))(a, b))
+    assert ours <= max(2 * theirs, 1e-6), (ours, theirs)
+    assert (np.asarray(tg.matmul(a, b, precision="highest"))[3] == 0).all()  # the zero row
+    if _sm90():
+        assert _ran_kernel(lambda x, y: tg.matmul(x, y, precision="highest"), a, b)
+
+
+def test_highest_non_finite_as_jnp():
+    """An inf or NaN in a row of a reaches that row of the product as in float32 (inf, -inf or
+    NaN where jnp has them); the other rows stay finite and accurate."""
+    a, b = rand32(44, (70, 90)), np.abs(rand32(45, (90, 50))) + 0.1
+    a[2, 5], a[4, 6], a[6, 7] = np.inf, -np.inf, np.nan
+    got = np.asarray(jax.jit(lambda x, y: tg.matmul(x, y, precision="highest"))(a, b))
+    want = np.asarray(jnp.dot(a, b, precision="highest"))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    fin = np.isfinite(want)
+    assert rel_err(got[fin], (a.astype(np.float64) @ b)[fin]) <= 2e-6
 
 
 def test_accuracy_bars():

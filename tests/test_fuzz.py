@@ -148,7 +148,7 @@ class Case:
     def call(self, a, b, c=None, bias=None, scale=None):
         """The case's outputs: [d] or [d, pre]."""
         kw = {} if self.traced else dict(alpha=self.alpha, beta=self.beta)
-        # float32 operands at HIGHEST (3xTF32): float32 accuracy, within the same bounds
+        # float32 operands at HIGHEST (f16x3): float32 accuracy, within the same bounds
         prec = "highest" if self.dtype == F32 else None
         out = tcgemm(a, b, c, bias, scale, transpose_a=self.ta, transpose_b=self.tb,
                      out_dtype=self.out_dtype, activation=self.activation, aux=self.aux,
@@ -214,8 +214,8 @@ def _shape(r: random.Random, mode: Mode):
 
 def combos(shuffle_seed) -> list:
     """Every (config or None = planned, layout, dtype, out dtype), shuffled once: float16 and
-    bfloat16 operands on every config, float32 ones (3xTF32: Case.call) on the configs with
-    TF32 kernels."""
+    bfloat16 operands on every config, float32 ones (HIGHEST, f16x3: Case.call) on the configs
+    with float32 kernels."""
     out = list(itertools.product([c.name for c in configs.CONFIGS16] + [None], LAYOUTS,
                                  (F16, BF16), (F16, BF16, F32)))
     out += itertools.product([c.name for c in configs.CONFIGS if c.f32] + [None], LAYOUTS,

@@ -1,0 +1,119 @@
+"""The "tcgemm" FFI call: its attributes and workspace (one builder for every caller), the
+lowering of tcgemm_p on operands the kernels read as they are, and f16x3, float32 HIGHEST on the
+promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes it here).
+
+Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack),
+which epilogue operands follow a and b (c, bias, scale, row_scale, col_scale, block scales, in
+that order), aux, promote (GemmProblem::promote), alpha, beta and the activation. The call's
+second result is its float32 workspace (split-K partials, packed operands: configs.
+workspace_floats asks C++ for its size), dropped by every caller.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import mlir
+
+from . import _ffi, f32, problem
+from .problem import F32, dims
+
+
+def ffi_attrs(*, transpose_a, transpose_b, config, split_k, pack, has_c, has_bias, has_scale,
+              aux, activation, alpha=1.0, beta=0.0, row_scale=False, col_scale=False,
+              block_scale=False, promote=False) -> dict:
+    """The call's attributes, typed as the handler binds them."""
+    return dict(transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), config=config,
+                split_k=np.int64(split_k), pack=bool(pack), has_c=bool(has_c),
+                has_bias=bool(has_bias), has_scale=bool(has_scale),
+                has_row_scale=bool(row_scale), has_col_scale=bool(col_scale),
+                has_block_scale=bool(block_scale), aux=bool(aux), promote=bool(promote),
+                alpha=np.float32(alpha), beta=np.float32(beta),
+                activation=np.int32(problem.activation_index(activation or "none")))
+
+
+def _workspace(a_shape, b_shape, transpose_a, transpose_b, config, split_k, pack, operand_bytes):
+    from . import configs
+    bt, m, n, k, _ = dims(a_shape, b_shape, transpose_a, transpose_b)
+    return configs.workspace_floats(m, n, k, bt, a_shape[0] == 1, b_shape[0] == 1, transpose_a,
+                                    transpose_b, config, split_k, pack, operand_bytes)
+
+
+def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
+                    has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
+    """tcgemm_p's FFI call on operands the kernels read as they are: float16 / bfloat16 in any
+    layout, float32 K-major with K a multiple of 4 (one TF32 pass: primitive._f32_lowering
+    makes the rest so)."""
+    from . import configs
+    del precision  # float16 / bfloat16: exact products at any; float32: one TF32 pass here
+    _ffi.require()
+    a_aval, b_aval = ctx.avals_in[:2]
+    bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    tf32 = np.dtype(a_aval.dtype) == F32  # (always with a plan: primitive._f32_product)
+    if plan is not None:
+        config, split_k = plan
+    else:
+        config, split_k = configs.plan_for_device(
+            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
+            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
+    pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
+    # Split-K partials and packed operand copies live in a float32 workspace: an extra result
+    # of the call (command buffers allow no scratch allocation inside the handler), dropped.
+    ws = jax.core.ShapedArray((_workspace(a_aval.shape, b_aval.shape, transpose_a, transpose_b,
+                                          config, split_k, pack,
+                                          np.dtype(a_aval.dtype).itemsize),),
+                              np.dtype(np.float32))
+    outs = list(ctx.avals_out)
+    avals_out = [outs[0], ws] + outs[1:]
+    c_aval = ctx.avals_in[2] if has_c else None
+    alias = (overwrite_c and c_aval.shape == outs[0].shape and c_aval.dtype == outs[0].dtype)
+    res = jax.ffi.ffi_lowering(_ffi.TARGET, operand_output_aliases={2: 0} if alias else None)(
+        ctx.replace(avals_out=avals_out), *args, **ffi_attrs(
+            transpose_a=transpose_a, transpose_b=transpose_b, config=config, split_k=split_k,
+            pack=pack, has_c=has_c, has_bias=has_bias, has_scale=has_scale, aux=aux,
+            activation=activation, alpha=alpha, beta=beta))
+    return [res[0]] + list(res[2:])
+
+
+def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
+                  has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
+    """tcgemm_p's results for float32 a and b by f16x3 (traced, lowered by mlir.lower_fun): the
+    operands made K-major, their float16 parts side by side along K (f32.concat_scaled, padded
+    to 16-byte rows), one call of the promoted float16 kernels whose epilogue first scales the
+    product back by the parts' powers of two (row and column scales), then runs the epilogue
+    the params ask for. `plan`: forced, or configs.plan_f32's for K' (the same rows, the same K
+    slices as 3xTF32)."""
+    from . import configs
+    del precision
+    a = jnp.swapaxes(a, 1, 2) if transpose_a else a  # (Ba, M, K)
+    b = b if transpose_b else jnp.swapaxes(b, 1, 2)  # (Bb, N, K)
+    k = a.shape[2]
+    a2, b2, inv_a, inv_b = f32.concat_scaled(a, b, 2, 2)
+    pad = f32.concat_k(k, "f16x3") - a2.shape[2]
+    if pad:
+        a2 = jnp.pad(a2, ((0, 0), (0, 0), (0, pad)))
+        b2 = jnp.pad(b2, ((0, 0), (0, 0), (0, pad)))
+    bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
+    if plan is None:
+        plan = configs.plan_f32(m, n, kk, bt, epilogue=True)
+    config, split_k = plan
+    row = jnp.broadcast_to(inv_a, (bt, m))  # (B, M): one per row of each item
+    col = inv_b  # (1 or B, N)
+    out = jax.ShapeDtypeStruct((bt, m, n), np.dtype(out_dtype))
+    results = [out, jax.ShapeDtypeStruct(
+        (_workspace(a2.shape, b2.shape, False, True, config, split_k, False, 2),), np.float32)]
+    results += [out] if aux else []
+    alias = overwrite_c and rest[0].shape == out.shape and rest[0].dtype == out.dtype
+    res = jax.ffi.ffi_call(_ffi.TARGET, results,
+                           input_output_aliases={2: 0} if alias else None)(
+        a2, b2, *rest, row, col, **ffi_attrs(
+            transpose_a=False, transpose_b=True, config=config, split_k=split_k, pack=False,
+            has_c=has_c, has_bias=has_bias, has_scale=has_scale, aux=aux,
+            activation=activation, alpha=alpha, beta=beta, row_scale=True, col_scale=True,
+            promote=True))
+    return [res[0]] + list(res[2:])
+
+
+def f16x3_lowering(ctx, *args, **params):
+    return mlir.lower_fun(lambda *xs: f16x3_product(*xs, **params),
+                          multiple_results=True)(ctx, *args)
