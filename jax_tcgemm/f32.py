@@ -43,13 +43,15 @@ F16_TOP = 15
 def _round(x, half, mask):
     """float32 x rounded to nearest at the bits of `mask` (half: half a unit, or a function of
     the bits giving it), in float32; truncated where rounding would overflow; infinities and
-    NaNs as they are. Integer ops, not a convert pair: XLA may remove float32 -> bfloat16 ->
-    float32 round trips (excess precision), which would make every remainder 0."""
+    NaNs as they are (decided on x: a NaN's payload plus half a unit may wrap past the sign
+    bit, as the GPU's own NaN 0x7FFFFFFF does, to -0). Integer ops, not a convert pair: XLA
+    may remove float32 -> bfloat16 -> float32 round trips (excess precision), which would make
+    every remainder 0."""
     bits = lax.bitcast_convert_type(x, jnp.uint32)
     m = jnp.uint32(mask)
     y = lax.bitcast_convert_type((bits + half(bits)) & m, jnp.float32)
     cut = lax.bitcast_convert_type(bits & m, jnp.float32)
-    return jnp.where(jnp.isfinite(y), y, jnp.where(jnp.isfinite(x), cut, x))
+    return jnp.where(jnp.isfinite(x), jnp.where(jnp.isfinite(y), y, cut), x)
 
 
 def tf32_round(x):

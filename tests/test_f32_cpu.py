@@ -75,7 +75,17 @@ def test_bf16_parts(algo, parts, bound):
 
 
 def test_non_finite_values_stay_in_the_big_part():
-    x = jnp.asarray([np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1.0], np.float32)
+    """Also NaNs whose payload plus half a unit would wrap past the sign bit (the GPU's own NaN
+    is 0x7FFFFFFF): they stay NaN, never -0."""
+    gpu_nans = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FFFF000], np.uint32).view(np.float32)
+    x = jnp.asarray(np.concatenate([[np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1.0], gpu_nans]),
+                    np.float32)
+    for algo in ("tf32x3", "bf16x3"):
+        assert np.isnan(np.asarray(f32.parts(x, algo)[0], np.float32)[6:]).all()
+    hi, lo, _ = f32.f16_parts(x[None], 1)
+    assert np.isnan(np.asarray(hi, np.float32)[0, [2, 6, 7, 8]]).all()
+    assert (np.asarray(lo, np.float32)[0, [0, 1, 2, 6, 7, 8]] == 0).all()
+    x = x[:6]
     for algo in ("tf32x3", "bf16x6"):
         ps = f32.parts(x, algo)
         big = np.asarray(ps[0], np.float32)
