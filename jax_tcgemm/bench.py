@@ -290,8 +290,11 @@ def format_row(row: dict) -> str:
 
 
 def git_info() -> tuple[str, bool | None]:
-    """(commit, dirty) from git in the package's directory or the cwd; else the
-    JAX_TCGEMM_COMMIT environment variable (the device copy of the tree has no .git), None."""
+    """(commit, dirty): the JAX_TCGEMM_COMMIT environment variable and None where it is set
+    (the device copy of the tree has no .git, or a stale one); else from git in the package's
+    directory or the cwd; else ("unknown", None)."""
+    if os.environ.get("JAX_TCGEMM_COMMIT"):
+        return os.environ["JAX_TCGEMM_COMMIT"], None
     for d in (os.path.dirname(os.path.abspath(__file__)), os.getcwd()):
         try:
             head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=d, capture_output=True,
@@ -304,7 +307,7 @@ def git_info() -> tuple[str, bool | None]:
             return head.stdout.strip(), bool(st.stdout.strip())
         except (OSError, subprocess.SubprocessError):
             continue
-    return os.environ.get("JAX_TCGEMM_COMMIT", "unknown"), None
+    return "unknown", None
 
 
 def run_setup(args, backend: str, suffix: str = ""):
