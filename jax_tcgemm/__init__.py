@@ -20,7 +20,7 @@ Public API::
                                               # 128-block scales (the sm90 8-bit kernels)
 
 Operands float16 / bfloat16, or float32 run by their precision as lax does on GPU (one TF32
-pass at DEFAULT, 3xTF32 at HIGHEST: float32 accuracy, the TF32 / BF16 presets; problem.py).
+pass at DEFAULT, f16x3 at HIGHEST: float32 accuracy, the TF32 / BF16 presets; problem.py).
 """
 from .ops import dot_general, gemm, matmul
 from .ragged import ragged_dot, ragged_dot_general, ragged_gemm

@@ -481,7 +481,7 @@ def main(argv=None) -> int:
     if args.suite == "lowp":  # fp8 / int8 (tg.scaled_matmul): bench_lowp.py
         from . import bench_lowp
         return bench_lowp.run(args, argv)
-    if args.suite == "f32":  # float32 by precision (TF32, 3xTF32, presets): bench_f32.py
+    if args.suite == "f32":  # float32 by precision (TF32, f16x3, presets): bench_f32.py
         from . import bench_f32
         return bench_f32.run(args, argv)
     try:

@@ -10,7 +10,7 @@ algorithm's passes.
 - f32_default_*: precision None (one TF32 pass on both sides: XLA's GPU default; ours is
   XLA's too, problem.F32_ON_KERNELS), and f32_tf32_forced_8192_nt: one TF32 pass on our
   kernel (config forced: tcgemm(config=configs.plan_f32(...))) against XLA's;
-- f32_highest_*: precision HIGHEST (ours 3xTF32; jnp: XLA's float32 product on the CUDA cores);
+- f32_highest_*: precision HIGHEST (ours f16x3; jnp: XLA's float32 product on the CUDA cores);
 - f32_tf32x3_* / f32_bf16x3_*: the lax.DotAlgorithmPreset on both sides.
 b is (K, N) as jnp.dot takes it ("NN"), or (N, K) ("NT": the K-major layout the TF32 tensor
 cores read, no copy on either side).

@@ -498,7 +498,8 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
 # 256 x 256 x 65536, K' = 3K in one slice: max-norm error 1.6e-6 against float64, jnp HIGHEST
 # 8.7e-7; H100, benchmarks/NOTES.md v35). Slices are summed apart and then added by the split-K
 # reduction, which divides that growth by about sqrt(slices): a slice covers at most
-# F32_SLICE_K of K' (the K of the call: 3K for 3xTF32), as 8192^3 does in one (8.5e-7).
+# F32_SLICE_K of K' (the K of the call: 3K for 3xTF32 and f16x3), as 8192^3 does in one
+# (8.5e-7; f16x3's promoted float16 kernels take the same rows and slices).
 F32_SLICE_K = 24576
 # Beyond that floor the cost model picks among powers of two up to MAX_SPLIT_K, each slice at
 # least F32_MIN_SLICE_K of K': a long-K product of few tiles fills the SMs with slices (the 16-bit

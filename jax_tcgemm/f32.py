@@ -92,7 +92,7 @@ def f16_parts(x, k_axis):
     to 10 mantissa bits (tf32_round: float16's, exact in float16 over its normal range), lo
     the remainder (exact in float32) rounded to float16; non-finite values stay in hi (lo 0)."""
     finite = jnp.isfinite(x)
-    top = jnp.max(jnp.where(finite, jnp.abs(x), 0.0), axis=k_axis, keepdims=True)
+    top = jnp.max(jnp.where(finite, jnp.abs(x), 0.0), axis=k_axis, keepdims=True, initial=0.0)
     _, e = jnp.frexp(top)  # top < 2^e
     shift = jnp.clip(jnp.where(top > 0, F16_TOP - e, 0), -126, 126)
     y = x * lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)  # exact: 2^shift

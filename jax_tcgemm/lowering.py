@@ -103,7 +103,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     results = [out, jax.ShapeDtypeStruct(
         (_workspace(a2.shape, b2.shape, False, True, config, split_k, False, 2),), np.float32)]
     results += [out] if aux else []
-    alias = overwrite_c and rest[0].shape == out.shape and rest[0].dtype == out.dtype
+    alias = has_c and overwrite_c and rest[0].shape == out.shape and rest[0].dtype == out.dtype
     res = jax.ffi.ffi_call(_ffi.TARGET, results,
                            input_output_aliases={2: 0} if alias else None)(
         a2, b2, *rest, row, col, **ffi_attrs(

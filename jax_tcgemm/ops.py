@@ -1,7 +1,7 @@
 """Public entry points: argument checks and normalisation onto the primitives.
 
 Supported by the kernels: both operands float16, both bfloat16 or both float32 (run by their
-precision: one TF32 pass, 3xTF32 at HIGHEST, the bfloat16 presets; problem.f32_algorithm);
+precision: one TF32 pass, f16x3 at HIGHEST, the TF32 and bfloat16 presets; problem.f32_algorithm);
 output float16, bfloat16 or float32; accumulation always float32. int8 x int8 -> int32 runs on
 the int8 kernels (tg.scaled_matmul). Other dtypes (float64, other integers, complex, mixed
 float16 x bfloat16, which promotes to float32) are computed by jnp.matmul / lax.dot_general,
@@ -138,7 +138,7 @@ def matmul(a, b, *, out_dtype=None, precision=None):
     out_dtype: float16, bfloat16 or float32 (default: the operands' dtype). precision: as in
     jnp.matmul (validated by lax and kept in the primitive's params). float16/bfloat16
     products are exact in the float32 accumulator at any precision; float32 ones run its
-    algorithm (None, DEFAULT, HIGH: one TF32 pass, as XLA on GPU; HIGHEST: 3xTF32, float32
+    algorithm (None, DEFAULT, HIGH: one TF32 pass, as XLA on GPU; HIGHEST: f16x3, float32
     accuracy; TF32 / BF16 presets as named; others through lax).
     """
     a, b = _as_array(a, "a"), _as_array(b, "b")

@@ -14,7 +14,8 @@ c has d's shape and dtype, so that a donated c is updated in place; and `precisi
 canonical form lax.dot_general keeps in its own params (problem.canonical_precision), kept
 through every transformation: it changes float32 math only (float16/bfloat16 products are
 exact in the float32 accumulator at any precision); float32 operands run the algorithm it
-names (problem.f32_algorithm: one TF32 pass, 3xTF32, the bfloat16 presets; _f32_lowering).
+names (problem.f32_algorithm: one TF32 pass, f16x3, 3xTF32, the bfloat16 presets;
+_f32_lowering).
 
 tcgemm_dact_p(ct, pre) -> [g], [dbias]: the backward pass of the epilogue in one pass over the
 cotangent: g = ct * act'(pre) and the bias gradient (float32 column sums of g); the

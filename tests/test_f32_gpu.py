@@ -230,3 +230,15 @@ def test_dot_general_float32_dims():
     want = np.einsum("bsd,dhk->bshk", x.astype(np.float64), w)
     check(lambda p, q: tg.dot_general(p, q, dn, precision="highest"), (x, w), want, 2e-6,
           "dot_general")
+
+
+def test_highest_empty_dims():
+    """HIGHEST with K = 0 (the epilogue on a zero product: C and bias), M = 0 and N = 0."""
+    for m, n, k in ((5, 7, 0), (0, 4, 9), (3, 0, 9)):
+        a, b = rand32(46, (m, k)), rand32(47, (k, n))
+        c, bias = rand32(48, (m, n)), rand32(49, (n,))
+        out = np.asarray(jax.jit(lambda x, y, z, w: tg.gemm(x, y, z, beta=2.0, bias=w,
+                                                            precision="highest"))(a, b, c, bias))
+        assert out.shape == (m, n)
+        np.testing.assert_allclose(out, 2.0 * c + bias + a.astype(np.float64) @ b, rtol=1e-6,
+                                   atol=1e-6)
