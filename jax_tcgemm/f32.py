@@ -131,6 +131,21 @@ def concat_scaled(a, b, k_axis_a, k_axis_b):
     return (*_laid((ha, la), (hb, lb), "f16x3", k_axis_a, k_axis_b), inv_a, inv_b)
 
 
+def kmajor_parts(a, b, algo, transpose_a, transpose_b):
+    """The parts of batched a and b (B, M, K) / (B, K, N), or transposed as flagged, made K-major
+    and laid side by side along K (concat_operands; f16x3: concat_scaled), K padded with zeros
+    to concat_k's 16-byte rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b)."""
+    a = jnp.swapaxes(a, 1, 2) if transpose_a else a
+    b = b if transpose_b else jnp.swapaxes(b, 1, 2)
+    k = a.shape[2]
+    if algo == "f16x3":
+        a, b, *scales = concat_scaled(a, b, 2, 2)
+    else:
+        (a, b), scales = concat_operands(a, b, algo, 2, 2), []
+    pad = ((0, 0), (0, 0), (0, concat_k(k, algo) - a.shape[2]))
+    return (jnp.pad(a, pad), jnp.pad(b, pad), *scales)
+
+
 def concat_k(k, algo):
     """K of the product an algorithm's parts make of a product over K (concat_operands,
     concat_scaled): one block of K per term, padded for the TF32 and promoted float16 kernels to

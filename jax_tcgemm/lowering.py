@@ -85,14 +85,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     slices as 3xTF32)."""
     from . import configs
     del precision
-    a = jnp.swapaxes(a, 1, 2) if transpose_a else a  # (Ba, M, K)
-    b = b if transpose_b else jnp.swapaxes(b, 1, 2)  # (Bb, N, K)
-    k = a.shape[2]
-    a2, b2, inv_a, inv_b = f32.concat_scaled(a, b, 2, 2)
-    pad = f32.concat_k(k, "f16x3") - a2.shape[2]
-    if pad:
-        a2 = jnp.pad(a2, ((0, 0), (0, 0), (0, pad)))
-        b2 = jnp.pad(b2, ((0, 0), (0, 0), (0, pad)))
+    a2, b2, inv_a, inv_b = f32.kmajor_parts(a, b, "f16x3", transpose_a, transpose_b)
     bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
     if plan is None:
         plan = configs.plan_f32(m, n, kk, bt, epilogue=True)

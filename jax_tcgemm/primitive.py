@@ -200,14 +200,7 @@ def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **param
     """tcgemm_p on the parts of float32 a and b (f32.concat_operands) for algorithm `algo`."""
     if algo.startswith("tf32"):  # K-major, K a multiple of 4 (zeros), then one TF32 pass
         from . import configs
-        a = jnp.swapaxes(a, 1, 2) if transpose_a else a
-        b = b if transpose_b else jnp.swapaxes(b, 1, 2)
-        k = a.shape[2]
-        a, b = f32.concat_operands(a, b, algo, 2, 2)
-        pad = f32.concat_k(k, algo) - a.shape[2]
-        if pad:
-            a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
-            b = jnp.pad(b, ((0, 0), (0, 0), (0, pad)))
+        a, b = f32.kmajor_parts(a, b, algo, transpose_a, transpose_b)
         plan = params.pop("plan")  # the pass on our kernel: planned here unless forced
         if plan is None:
             bt, m, n, kk, _ = dims(a.shape, b.shape, False, True)
