@@ -175,9 +175,6 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    "pack=1 (copied K-major first): " + shapes());
   if (has_block_scale && !(byte && *ta != DType::kS8))
     return Invalid("block scales go with fp8 operands: " + shapes());
-  if ((has_row_scale || has_col_scale) && !byte && !promote)
-    return Invalid("row and column scales go with 8-bit or promoted float16 operands: " +
-                   shapes());
   if (promote && (at != ffi::DataType::F16 || bt != ffi::DataType::F16 || transpose_a ||
                   !transpose_b || pack))
     return Invalid("promoted operands are float16, read K-major: a (B, M, K) with "

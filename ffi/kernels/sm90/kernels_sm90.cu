@@ -82,8 +82,6 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
     return "8-bit operands run K-major (A as [M][K], B as [N][K]) and both 8-bit";
   if (tf32 && !(b_type == DType::kF32 && a_kmajor && b_kmajor))
     return "float32 operands run K-major (A as [M][K], B as [N][K]) and both float32";
-  if (promote && !(in_type == DType::kF16 && a_kmajor && b_kmajor))
-    return "promoted operands are float16, K-major (A as [M][K], B as [N][K])";
   if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
   const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
