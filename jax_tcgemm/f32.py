@@ -107,7 +107,8 @@ def _laid(pa, pb, algo, k_axis_a, k_axis_b):
     term with a remainder has its non-finite values zeroed."""
     def part(ps, i, other):
         p = ps[i]
-        return jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype)) if i == 0 < other else p
+        big_meets_rest = i == 0 and other > 0
+        return jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype)) if big_meets_rest else p
     terms = TERMS[algo]
     return (jnp.concatenate([part(pa, i, j) for i, j in terms], axis=k_axis_a),
             jnp.concatenate([part(pb, j, i) for i, j in terms], axis=k_axis_b))
