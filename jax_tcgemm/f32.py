@@ -34,10 +34,18 @@ TERMS = {
     "f16x3": ((1, 0), (0, 1), (0, 0)),
 }
 # f16x3: float16 parts of each operand's rows scaled by powers of two (f16_parts): the largest
-# finite magnitude of a row (of a: along K; of b: a column) becomes [2^14, 2^15), so that both
-# parts keep their 11 bits over float16's range, and the product's float32 result is scaled
-# back by the two powers of two (exact) in the kernels' epilogue (row and column scales).
+# finite magnitude of a row (of a: along K; of b: a column) becomes [2^14, 2^15), and the
+# product's float32 result is scaled back by the two powers of two (exact) in the kernels'
+# epilogue (row and column scales). The remainders are stored 2^F16_LO_SHIFT times larger
+# (no larger than the element or 2^-14, so inside float16's range): they keep their 11 bits for
+# elements down to 2^-27 of their row's largest instead of 2^-17, and float16's subnormals
+# bound what is lost below at 2^-50 of it instead of 2^-39. The kernels multiply the pieces of
+# the two terms with a remainder by 2^-F16_LO_SHIFT as they add them (GemmParams::
+# piece_scale_k): those terms come first along K, padded to F16_LO_ALIGN (a k tile of the
+# promoted kernels, kPromotedKTile) so that no piece straddles the boundary.
 F16_TOP = 15
+F16_LO_SHIFT = 11
+F16_LO_ALIGN = 64
 
 
 def _round(x, half, mask):
@@ -85,21 +93,28 @@ def parts(x, algo):
 
 
 def f16_parts(x, k_axis):
-    """(hi, lo, inv) for float32 x: hi + lo = x * s to 22 bits, both float16, where s is the
-    power of two per slice along k_axis (a row of a, a column of b) that puts its largest finite
-    magnitude in [2^14, 2^15) (1 for a slice of zeros; at most 2^126 up: float32 subnormals keep
-    what float16 holds of them); inv = 1 / s, float32, with k_axis dropped. hi is x * s rounded
-    to 10 mantissa bits (tf32_round: float16's, exact in float16 over its normal range), lo
-    the remainder (exact in float32) rounded to float16; non-finite values stay in hi (lo 0)."""
+    """(hi, lo, inv) for float32 x: hi + lo * 2^-F16_LO_SHIFT = x * s to 22 bits, both float16,
+    where s is the power of two per slice along k_axis (a row of a, a column of b) that puts its
+    largest finite magnitude in [2^14, 2^15) (1 for a slice of zeros; at most 2^126 up: float32
+    subnormals keep what float16 holds of them); inv = 1 / s, float32, with k_axis dropped. hi
+    is x * s rounded to float16 (to 10 mantissa bits by tf32_round over float16's normal range,
+    to its subnormals' grid below: exact in float16), lo the remainder (exact in float32) times
+    2^F16_LO_SHIFT, rounded to float16; non-finite values stay in hi (lo 0)."""
     finite = jnp.isfinite(x)
     top = jnp.max(jnp.where(finite, jnp.abs(x), 0.0), axis=k_axis, keepdims=True, initial=0.0)
     _, e = jnp.frexp(top)  # top < 2^e
     shift = jnp.clip(jnp.where(top > 0, F16_TOP - e, 0), -126, 126)
-    y = x * lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)  # exact: 2^shift
-    hi = tf32_round(y)
-    lo = jnp.where(finite, y - hi, 0.0)
-    inv = lax.bitcast_convert_type((127 - jnp.squeeze(shift, k_axis)) << 23, jnp.float32)
+    y = x * _pow2(shift)  # exact
+    sub = jnp.abs(y) < 2.0 ** -14  # float16's subnormals: multiples of 2^-24
+    hi = jnp.where(sub, jnp.round(y * 2.0 ** 24) * 2.0 ** -24, tf32_round(y))
+    lo = jnp.where(finite, (y - hi) * 2.0 ** F16_LO_SHIFT, 0.0)
+    inv = _pow2(-jnp.squeeze(shift, k_axis))
     return hi.astype(jnp.float16), lo.astype(jnp.float16), inv
+
+
+def _pow2(e):
+    """2^e as float32 for int32 e in [-126, 127] (exact)."""
+    return lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 
 
 def _laid(pa, pb, algo, k_axis_a, k_axis_b):
@@ -125,11 +140,28 @@ def concat_operands(a, b, algo, k_axis_a, k_axis_b):
 
 def concat_scaled(a, b, k_axis_a, k_axis_b):
     """f16x3's (a', b', inv_a, inv_b): f16_parts of a and b side by side along their K axes as
-    concat_operands lays them, and the powers of two that scale the product back (a's per row,
-    b's per column: inv_a[..., m] * (a' @ b')[..., m, n] * inv_b[..., n] is the product)."""
+    concat_operands lays them, the two terms with a remainder first, padded with zeros to
+    f16x3_lo_k(K), then the big parts' term; and the powers of two that scale the product back
+    (a's per row, b's per column): with L = f16x3_lo_k(K),
+    inv_a[..., m] * (2^-F16_LO_SHIFT a'[:L] @ b'[:L] + a'[L:] @ b'[L:])[..., m, n] * inv_b[..., n]
+    is the product."""
+    k = a.shape[k_axis_a]
     ha, la, inv_a = f16_parts(a, k_axis_a)
     hb, lb, inv_b = f16_parts(b, k_axis_b)
-    return (*_laid((ha, la), (hb, lb), "f16x3", k_axis_a, k_axis_b), inv_a, inv_b)
+    pa, pb = _laid((ha, la), (hb, lb), "f16x3", k_axis_a, k_axis_b)
+
+    def split(x, axis):  # zeros between the remainders' terms and the big parts' term
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, f16x3_lo_k(k) - 2 * k)
+        lo, hi = (lax.slice_in_dim(x, s, t, axis=axis) for s, t in ((0, 2 * k), (2 * k, 3 * k)))
+        return jnp.concatenate([jnp.pad(lo, pad), hi], axis=axis)
+    return split(pa, k_axis_a), split(pb, k_axis_b), inv_a, inv_b
+
+
+def f16x3_lo_k(k):
+    """Where f16x3's big-part term starts along K' for a product over K (concat_scaled): the
+    pieces before it are scaled by 2^-F16_LO_SHIFT (GemmParams::piece_scale_k)."""
+    return -(-2 * k // F16_LO_ALIGN) * F16_LO_ALIGN
 
 
 def kmajor_parts(a, b, algo, transpose_a, transpose_b):
@@ -149,8 +181,8 @@ def kmajor_parts(a, b, algo, transpose_a, transpose_b):
 
 def concat_k(k, algo):
     """K of the product an algorithm's parts make of a product over K (concat_operands,
-    concat_scaled): one block of K per term, padded for the TF32 and promoted float16 kernels to
-    16-byte rows (a multiple of 4, 8)."""
-    kk = k * len(TERMS[algo])
+    concat_scaled): one block of K per term (f16x3: the first two padded to f16x3_lo_k), padded
+    for the TF32 and promoted float16 kernels to 16-byte rows (a multiple of 4, 8)."""
+    kk = f16x3_lo_k(k) + k if algo == "f16x3" else k * len(TERMS[algo])
     row16 = {"tf32": 4, "tf32x3": 4, "f16x3": 8}.get(algo, 1)
     return kk + -kk % row16

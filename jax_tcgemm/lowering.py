@@ -4,9 +4,10 @@ promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes 
 
 Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack),
 which epilogue operands follow a and b (c, bias, scale, row_scale, col_scale, block scales, in
-that order), aux, promote (GemmProblem::promote), alpha, beta and the activation. The call's
-second result is its float32 workspace (split-K partials, packed operands: configs.
-workspace_floats asks C++ for its size), dropped by every caller.
+that order), aux, promote (GemmProblem::promote) and its scaled pieces (GemmParams::
+piece_scale_k, piece_scale), alpha, beta and the activation. The call's second result is its
+float32 workspace (split-K partials, packed operands: configs.workspace_floats asks C++ for its
+size), dropped by every caller.
 """
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from .problem import F32, dims
 
 def ffi_attrs(*, transpose_a, transpose_b, config, split_k, pack, has_c, has_bias, has_scale,
               aux, activation, alpha=1.0, beta=0.0, row_scale=False, col_scale=False,
-              block_scale=False, promote=False) -> dict:
+              block_scale=False, promote=False, piece_scale_k=0, piece_scale=1.0) -> dict:
     """The call's attributes, typed as the handler binds them."""
     return dict(transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), config=config,
                 split_k=np.int64(split_k), pack=bool(pack), has_c=bool(has_c),
                 has_bias=bool(has_bias), has_scale=bool(has_scale),
                 has_row_scale=bool(row_scale), has_col_scale=bool(col_scale),
                 has_block_scale=bool(block_scale), aux=bool(aux), promote=bool(promote),
+                piece_scale_k=np.int64(piece_scale_k), piece_scale=np.float32(piece_scale),
                 alpha=np.float32(alpha), beta=np.float32(beta),
                 activation=np.int32(problem.activation_index(activation or "none")))
 
@@ -85,6 +87,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     slices as 3xTF32)."""
     from . import configs
     del precision
+    k = a.shape[1 if transpose_a else 2]
     a2, b2, inv_a, inv_b = f32.kmajor_parts(a, b, "f16x3", transpose_a, transpose_b)
     bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
     if plan is None:
@@ -103,7 +106,8 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
             transpose_a=False, transpose_b=True, config=config, split_k=split_k, pack=False,
             has_c=has_c, has_bias=has_bias, has_scale=has_scale, aux=aux,
             activation=activation, alpha=alpha, beta=beta, row_scale=True, col_scale=True,
-            promote=True))
+            promote=True, piece_scale_k=f32.f16x3_lo_k(k),
+            piece_scale=2.0 ** -f32.F16_LO_SHIFT))
     return [res[0]] + list(res[2:])
 
 

@@ -141,9 +141,10 @@ def swap_precision(precision):
 #             float32 (a_hi b_hi + a_hi b_lo + a_lo b_hi: the preset TF32_TF32_F32_X3)
 #   "f16x3"   the same three products of float16 parts, each operand's rows (a) and columns (b)
 #             scaled by powers of two into float16's range first and the result scaled back in
-#             the epilogue (f32.f16_parts), on the float16 kernels that sum each 128 of K apart
+#             the epilogue (f32.f16_parts; the remainders stored 2^11 larger, their pieces
+#             scaled back in the kernel), on the float16 kernels that sum each 128 of K apart
 #             (GemmProblem::promote): float32 accuracy at twice 3xTF32's speed (HIGHEST;
-#             benchmarks/NOTES.md v47)
+#             benchmarks/NOTES.md v47, v48)
 #   "bf16", "bf16x3", "bf16x6", "bf16x9"  the lax.DotAlgorithmPreset BF16_BF16_F32[_Xn]: each
 #             operand split into 1-3 bfloat16 parts, n products of the bfloat16 kernels
 # None: lax computes it (F32_F32_F32, the 8- and 16-bit presets, a lax.DotAlgorithm: what our

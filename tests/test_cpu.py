@@ -370,8 +370,8 @@ def cuda_text(f, *args):
 
 
 CALL_ATTRS = ("transpose_a", "transpose_b", "config", "split_k", "pack", "has_c", "has_bias",
-              "has_scale", "has_row_scale", "has_col_scale", "aux", "promote", "alpha", "beta",
-              "activation")
+              "has_scale", "has_row_scale", "has_col_scale", "aux", "promote", "piece_scale_k",
+              "piece_scale", "alpha", "beta", "activation")
 
 
 def custom_calls(text, target="tcgemm"):

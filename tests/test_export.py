@@ -141,16 +141,18 @@ def test_export_for_cuda_runs_on_gpu(out_dtype):
 
 def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
     """float32 exports as the lowering for an H100 makes it (configs.device_arch at export
-    time): HIGHEST as one call of the promoted float16 kernels on the f16x3 parts (K' = 3K,
-    K-major, float16, row and column scales), and its gradient likewise; one TF32 pass
-    (DEFAULT) as XLA's dot."""
+    time): HIGHEST as one call of the promoted float16 kernels on the f16x3 parts (K-major,
+    float16, row and column scales; the remainders' two terms padded to f16x3_lo_k = 128, whose
+    pieces the kernel scales, then the big parts': K' = 168), and its gradient likewise; one
+    TF32 pass (DEFAULT) as XLA's dot."""
     monkeypatch.setattr(configs, "device_arch", lambda: (9, 0))
     S = jax.ShapeDtypeStruct
     a, b = S((5, 40), F32), S((40, 24), F32)
     text = round_trip(export_cuda(partial(tg.matmul, precision="highest"), a, b)).mlir_module()
     (call,) = tcgemm_calls(text)
-    assert "tensor<1x5x120xf16>" in call and "tensor<1x24x120xf16>" in call
+    assert "tensor<1x5x168xf16>" in call and "tensor<1x24x168xf16>" in call
     assert "transpose_b = true" in call and "promote = true" in call
+    assert "piece_scale_k = 128 : i64" in call and "piece_scale = 4.8828125E-4 : f32" in call, call
     g = jax.value_and_grad(lambda x, y: tg.matmul(x, y, precision="highest").sum(),
                            argnums=(0, 1))
     assert len(tcgemm_calls(round_trip(export_cuda(g, a, b)).mlir_module())) == 3

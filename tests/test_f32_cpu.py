@@ -102,10 +102,11 @@ def test_non_finite_values_stay_in_the_big_part():
 
 def test_f16_parts():
     """f16x3's parts: per row, a power of two s puts the largest finite magnitude in [2^14,
-    2^15); hi is x * s at float16's 11 bits, hi + lo within 2^-22 of it (elements within 2^17 of
-    the row's largest; below, float16's subnormals bound the error at 2^-38 of that largest);
-    a zero row keeps s = 1; rows 10^+-38 apart, non-finite values (in hi, lo 0); a row of float32
-    subnormals (which XLA's arithmetic may flush to zero) stays finite and no larger."""
+    2^15); hi is x * s in float16, hi + lo * 2^-F16_LO_SHIFT within 2^-22 of it for elements
+    within 2^27 of the row's largest (below, float16's subnormals bound the error at 2^-50 of
+    that largest); a zero row keeps s = 1; rows 10^+-38 apart, non-finite values (in hi, lo 0);
+    a row of float32 subnormals (which XLA's arithmetic may flush to zero) stays finite and no
+    larger."""
     x = rand(20, (8, 300))
     x[1] *= 1e-30
     x[2] *= 1e30
@@ -118,20 +119,44 @@ def test_f16_parts():
     assert hi.dtype == lo.dtype == jnp.float16 and inv.shape == (8,) and inv.dtype == jnp.float32
     inv = np.asarray(inv, np.float64)
     assert (np.frexp(inv)[0] == 0.5).all() and inv[3] == 1.0  # powers of two; zero row: 1
-    h, lo_ = np.asarray(hi, np.float64), np.asarray(lo, np.float64)
+    h = np.asarray(hi, np.float64)
+    lo_ = np.asarray(lo, np.float64) * 2.0 ** -f32.F16_LO_SHIFT
     sub = (h[4] + lo_[4]) * inv[4]
     assert np.isfinite(sub).all() and (np.abs(sub) <= np.abs(x[4])).all()
     x[4] = 0.0
     h[4] = lo_[4] = 0.0
     fin = np.isfinite(x)
     top = np.where(fin, np.abs(x), 0).max(1)
-    assert (np.abs(h[fin]) < 2.0**15).all()
+    y = np.abs(np.where(fin, x, 0) / inv[:, None])  # |x * s|
+    assert (np.abs(h[fin]) < 2.0**15).all()  # the shifted remainder: no larger than y or 2^-14
+    assert (np.abs(lo_ * 2.0**f32.F16_LO_SHIFT) <= np.maximum(y, 2.0**-14))[fin].all()
     assert ((top / inv >= 2.0**14) | (top == 0) | (inv == 2.0**-126)).all(), (top, inv)
     xd = np.where(fin, x, 0).astype(np.float64)
     err = np.abs((h + lo_) * inv[:, None] - xd)
-    assert (err[fin] <= np.maximum(2.0**-22 * np.abs(xd), 2.0**-38 * top[:, None].repeat(300, 1))[fin]).all()
+    tops = top[:, None].repeat(300, 1)
+    assert (err[fin] <= (2.0**-22 * np.abs(xd) + 2.0**-50 * tops)[fin]).all()
+    near = fin & (np.abs(xd) >= 2.0**-27 * tops)  # the remainders' 11 bits kept
+    assert near[7].sum() > 100 and (err[near] <= 2.0**-22 * np.abs(xd)[near]).all()
     assert np.isposinf(h[6, 0]) and np.isneginf(h[6, 1]) and np.isnan(h[6, 2])
     assert (lo_[6, :3] == 0).all()
+
+
+def f16x3_emulated(a, b):
+    """f16x3's product of a (M, K) and b (K, N) as the promoted kernels compute it, lax's float32
+    products standing in for their float32 sums: the parts (concat_scaled, under jit, as in
+    the lowering), the terms before f16x3_lo_k times 2^-F16_LO_SHIFT, the powers of two undone
+    (float64)."""
+    k = a.shape[1]
+    ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
+    lk = f32.f16x3_lo_k(k)
+    assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (a.shape[0], lk + k)
+    assert lk % 64 == 0 and not np.asarray(ac[:, 2 * k:lk]).any()  # zeros up to the boundary
+
+    def dot(x, y):
+        return np.asarray(jnp.dot(x.astype(jnp.float32), y.astype(jnp.float32),
+                                  precision="highest"), np.float64)
+    got = dot(ac[:, :lk], bc[:lk]) * 2.0 ** -f32.F16_LO_SHIFT + dot(ac[:, lk:], bc[lk:])
+    return got * np.asarray(ia, np.float64)[:, None] * np.asarray(ib, np.float64)[None, :]
 
 
 @pytest.mark.parametrize("algo", ["tf32x3", "f16x3", "bf16x6"])
@@ -144,10 +169,7 @@ def test_infinities_meet_only_big_parts(algo):
     b = np.full((8, 5), 0.5, np.float32)  # exact in every part: remainders 0
     want = np.asarray(jnp.dot(a, b, precision="highest"), np.float64)
     if algo == "f16x3":
-        ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
-        got = np.asarray(jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32),
-                                 precision="highest"), np.float64) * np.asarray(ia)[:, None] * \
-            np.asarray(ib)[None, :]
+        got = f16x3_emulated(a, b)
     else:
         ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
         got = np.asarray(jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32),
@@ -164,11 +186,7 @@ def test_concatenated_product_accuracy(algo, bound):
     m, n, k = 96, 80, 1000
     a, b = rand(5, (m, k)), rand(6, (k, n))
     if algo == "f16x3":
-        def product(a, b):
-            ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
-            assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (m, 3 * k)
-            got = jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32), precision="highest")
-            return np.asarray(got, np.float64) * np.asarray(ia)[:, None] * np.asarray(ib)[None, :]
+        product = f16x3_emulated
         assert rel_err(product(a, b), a, b) <= bound
         # rows of a and columns of b 10^+-20 apart (the powers of two's work): every element
         # within 2^-22 of |a_i| |b_j|
@@ -177,6 +195,7 @@ def test_concatenated_product_accuracy(algo, bound):
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         norms = np.linalg.norm(a64, axis=1)[:, None] * np.linalg.norm(b64, axis=0)[None, :]
         assert (np.abs(product(a, b) - a64 @ b64) <= 2.0**-22 * norms).all()
+        assert within_row_range_ok(product)
         return
     # under jit, as in the lowering (XLA must not fold the parts' conversions away)
     ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
@@ -185,6 +204,21 @@ def test_concatenated_product_accuracy(algo, bound):
         assert not (_bits(ac) & 0x1FFF).any() and not (_bits(bc) & 0x1FFF).any()
     got = jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32), precision="highest")
     assert rel_err(got, a, b) <= bound
+
+
+def within_row_range_ok(product, m=64, n=48, k=700, seed=9):
+    """Range inside the rows: k's features scaled by 2^-13 .. 2^13 in a and undone in b (x @ w
+    of unnormalised features and their weights), so that every term is O(1) while the rows of
+    a and columns of b span 2^26 and more. Each element within 2^-19 of sum_k |a_ik| |b_kj|
+    against float64 (float32's own HIGHEST: ~2^-22 here; with the remainders unshifted, below
+    float16's normal range for the small features, f16x3 gave ~2^-3)."""
+    rng = np.random.default_rng(seed)
+    s = 2.0 ** rng.uniform(-13, 13, k)
+    a = (rng.standard_normal((m, k)) * s).astype(np.float32)
+    b = (rng.standard_normal((k, n)) / s[:, None]).astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    err = np.abs(np.asarray(product(a, b), np.float64) - a64 @ b64) / (np.abs(a64) @ np.abs(b64))
+    return err.max() <= 2.0**-19
 
 
 def test_cpu_numbers_are_lax():
@@ -263,7 +297,7 @@ def test_lowering_one_pass_is_xla_unless_forced(h100):
 
 @needs_module
 @pytest.mark.parametrize("precision,k_prime,elem", [
-    ("highest", 3 * 258 + 2, "f16"),            # f16x3: float16 parts, K-major, promoted
+    ("highest", 576 + 258 + 6, "f16"),          # f16x3: float16 parts, K-major, promoted
     (PRESET.TF32_TF32_F32_X3, 3 * 258 + 2, "f32"),  # 3xTF32: three TF32 parts, K-major
     (PRESET.BF16_BF16_F32_X6, 6 * 258, "bf16"),  # bfloat16 parts on the bfloat16 kernels
     (PRESET.BF16_BF16_F32, 258, "bf16"),
@@ -276,6 +310,7 @@ def test_lowering_parts(h100, precision, k_prime, elem):
     assert f"x{k_prime}x{elem}>" in line, line
     promoted = elem == "f16"
     assert calls[0]["promote"] == str(promoted).lower()
+    assert calls[0]["piece_scale_k"] == (f"{f32.f16x3_lo_k(258)} : i64" if promoted else "0 : i64")
     assert calls[0]["has_row_scale"] == calls[0]["has_col_scale"] == str(promoted).lower()
     if elem != "bf16":
         assert calls[0]["transpose_b"] == "true" and configs.BY_NAME[calls[0]["config"]].f32

@@ -176,6 +176,40 @@ def test_highest_over_float32_range():
         assert _ran_kernel(lambda x, y: tg.matmul(x, y, precision="highest"), a, b)
 
 
+@pytest.mark.skipif(not configs.CONFIGS, reason="needs the compiled extension")
+@pytest.mark.parametrize("config", [None] + [c.name for c in configs.CONFIGS if c.f32])
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_highest_range_inside_rows(config, split):
+    """Range inside the rows, as x @ w of unnormalised features and their weights: feature k
+    scaled by 2^-13 .. 2^13 in a and undone in b, so every term is O(1) while a row of a or a
+    column of b spans 2^26 and more. f16x3 keeps float32 accuracy per element, relative to
+    sum_k |a_ik| |b_kj| (2^-19; jnp's HIGHEST ~2^-22): its remainders are stored 2^11 larger and
+    their pieces scaled back in the kernel (GemmParams::piece_scale_k; unshifted they gave
+    2^-3). K = 700: the scaled pieces end at k tile 22 of 33, inside a pair of split 2's
+    second slice."""
+    if config is not None and not _sm90():
+        pytest.skip("TF32 kernels run on compute capability 9.0")
+    rng = np.random.default_rng(seed_of("inside", config, split))
+    m, n, k = 130, 200, 700
+    s = 2.0 ** rng.uniform(-13, 13, k)
+    a = (rng.standard_normal((m, k)) * s).astype(np.float32)
+    b = (rng.standard_normal((n, k)) / s).astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want, norms = a64 @ b64.T, np.abs(a64) @ np.abs(b64).T
+
+    def err(fn, ours=True):
+        outs, same, _ = poisoned_twice(lambda x, y: [fn(x, y)], a, b)
+        assert same[0] or not ours, "two runs differ (race or unwritten elements)"
+        return float((np.abs(np.asarray(outs[0], np.float64) - want) / norms).max())
+    if config is None:
+        ours = err(lambda x, y: tg.matmul(x, y.T, precision="highest"))
+    else:
+        ours = err(lambda x, y: tcgemm(x[None], y[None], transpose_b=True, config=config,
+                                       split_k=split, precision="highest")[0])
+    theirs = err(lambda x, y: jnp.dot(x, y.T, precision="highest"), ours=False)
+    assert ours <= 2.0**-19, (ours, theirs)
+
+
 def test_highest_non_finite_as_jnp():
     """An inf or NaN in a row of a reaches that row of the product as in float32 (inf, -inf or
     NaN where jnp has them); the other rows stay finite and accurate."""

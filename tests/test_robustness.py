@@ -28,6 +28,7 @@ from test_fuzz import compare
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 CONFIG_NAMES = [c.name for c in configs.CONFIGS16]
+F32_ROW = next(c.name for c in configs.CONFIGS if c.f32)  # rows with promoted float16 kernels
 gpu = pytest.mark.gpu
 
 
@@ -55,7 +56,8 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
     attrs = {"transpose_a": False, "transpose_b": False, "config": CONFIG_NAMES[0],
              "split_k": np.int64(1), "pack": False, "has_c": False, "has_bias": False,
              "has_scale": False, "has_row_scale": False, "has_col_scale": False,
-             "has_block_scale": False, "aux": False, "promote": False, "alpha": np.float32(1.0),
+             "has_block_scale": False, "aux": False, "promote": False,
+             "piece_scale_k": np.int64(0), "piece_scale": np.float32(1.0), "alpha": np.float32(1.0),
              "beta": np.float32(0.0), "activation": np.int32(0), **attrs}
     attrs = {k: v for k, v in attrs.items() if v is not DROP}
     if results is None:  # c, and the float32 workspace of split-K
@@ -106,6 +108,17 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
      r"tcgemm: promoted operands are float16, read K-major"),
     ("promote_n_major", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), promote=True),
      r"tcgemm: promoted operands are float16, read K-major"),
+    ("piece_scale_plain", lambda: raw_call(x(1, 4, 128), x(1, 3, 128), (1, 4, 3),
+                                           transpose_b=True, piece_scale_k=np.int64(64)),
+     r"tcgemm: scaled pieces go with promoted float16 operands, below a multiple of 64"),
+    ("piece_scale_unaligned", lambda: raw_call(x(1, 4, 128), x(1, 3, 128), (1, 4, 3),
+                                               transpose_b=True, promote=True,
+                                               config=F32_ROW, piece_scale_k=np.int64(96)),
+     r"scaled pieces go with .* \(got piece_scale_k = 96 for K = 128\)"),
+    ("piece_scale_past_k", lambda: raw_call(x(1, 4, 64), x(1, 3, 64), (1, 4, 3),
+                                            transpose_b=True, promote=True,
+                                            config=F32_ROW, piece_scale_k=np.int64(128)),
+     r"\(got piece_scale_k = 128 for K = 64\)"),
     ("row_scale_16bit", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), has_row_scale=True,
                                          extra=(jnp.ones((1, 4), F32),)),
      r"tcgemm: row and column scales go with 8-bit or promoted float16 operands"),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 
 #include "host/gemm_config.h"
@@ -196,6 +197,13 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   if (!byte && !pr.promote && (p.epi.row_scale || p.epi.col_scale))
     return "row and column scales go with 8-bit or promoted float16 operands";
   if (!byte && (p.block_sa || p.block_sb)) return "block scales go with 8-bit operands";
+  if (p.piece_scale_k != 0 &&
+      (!pr.promote || p.piece_scale_k < 0 || p.piece_scale_k > p.k ||
+       p.piece_scale_k % kPromotedKTile != 0 || !std::isfinite(p.piece_scale)))
+    return "scaled pieces go with promoted float16 operands, below a multiple of " +
+           std::to_string(kPromotedKTile) + " in [0, K] (got piece_scale_k = " +
+           std::to_string(p.piece_scale_k) + " for K = " + std::to_string(p.k) +
+           ") with a finite scale";
   if (p.block_sa && (p.block_sa_ld < p.m || p.block_sa_ld % 4 != 0 || !Aligned16(p.block_sa)))
     return "block scales of a need 16-byte aligned rows of at least M floats (a multiple of 4; "
            "got " + std::to_string(p.block_sa_ld) + " for M = " + std::to_string(p.m) + ")";

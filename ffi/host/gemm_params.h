@@ -114,7 +114,16 @@ struct GemmParams {
   const float* block_sa = nullptr;
   const float* block_sb = nullptr;
   int64_t block_sa_ld = 0;
+  // Promoted float16 operands (GemmProblem::promote): each piece of K below piece_scale_k is
+  // multiplied by piece_scale as it is added to the float32 sums (f16x3's remainders, stored
+  // 2^11 times larger so that float16 holds their bits: jax_tcgemm/f32.py). piece_scale_k is a
+  // multiple of kPromotedKTile (no piece straddles it; LaunchGemm checks); 0: no scaled pieces.
+  int64_t piece_scale_k = 0;
+  float piece_scale = 1.0f;
 };
+
+// k tile of the promoted float16 kernels (128 bytes of K): piece_scale_k's unit.
+inline constexpr int kPromotedKTile = 64;
 
 struct GemmProblem {
   GemmParams params;

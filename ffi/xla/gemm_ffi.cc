@@ -127,7 +127,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
                       bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
-                      bool promote, float alpha, float beta, int32_t activation) {
+                      bool promote, int64_t piece_scale_k, float piece_scale, float alpha,
+                      float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -216,6 +217,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.workspace = static_cast<float*>(workspace->untyped_data());
   pr.pack = pack;
   pr.promote = promote;
+  pr.params.piece_scale_k = piece_scale_k;  // (LaunchGemm checks both)
+  pr.params.piece_scale = piece_scale;
   const WorkspacePlan plan = PlanWorkspace(pr);
   if (const int64_t need = plan.total(); static_cast<int64_t>(workspace->element_count()) < need)
     return Invalid("split_k=" + std::to_string(split_k) + (pack ? ", pack=1" : ", pack=0") +
@@ -253,6 +256,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Attr<bool>("has_block_scale")
                                   .Attr<bool>("aux")
                                   .Attr<bool>("promote")  // GemmProblem::promote (f16x3)
+                                  .Attr<int64_t>("piece_scale_k")  // GemmParams::piece_scale_k
+                                  .Attr<float>("piece_scale")
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")
                                   .Attr<int32_t>("activation"),

@@ -143,6 +143,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr int kKTile = Ops::kKTile;  // elements of a k tile (64 16-bit, 128 8-bit, 32 tf32)
   static_assert((Ops::kBytes == 2 && !Ops::kPromote) || (A_KMAJOR && B_KMAJOR),
                 "8-bit, float32 and promoted 16-bit operands are read K-major");
+  // promoted float16: pieces below p.piece_scale_k are scaled (GemmParams::piece_scale_k)
+  constexpr bool kPieceScales = Ops::kPromote && Ops::kBytes == 2;
+  static_assert(!kPieceScales || kKTile == kPromotedKTile, "piece_scale_k's unit is a k tile");
   static_assert(!Ops::kPromote || (Tr::kBN % 128 == 0 && (kKTile == 128 || Ops::kBytes != 1)),
                 "fp8: a k tile is one 128-slice of K, pieces of 128 columns (the block scales' "
                 "blocks); TF32 and promoted 16-bit: pieces of 128 columns");
@@ -313,10 +316,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       sb[h] = ptx::ld_shared_f32(scale_stage(st) + 4 * (Tr::kBM + h));
   };
   // A finished piece P (m64 block mb, columns 128 h ..) added into the float32 sums: with
-  // `scaled`, times its block scales (sa: rows r and r + 8; sb: the column block's), or as is.
+  // `scaled`, times its block scales (sa: rows r and r + 8; sb: the column block's); promoted
+  // float16, times piece scale ps; else as is.
   auto add_piece = [&](const auto& P, int mb, int h, bool scaled, const float (&sa)[2],
-                       float sb) {
-    if (scaled) {
+                       float sb, float ps = 1.0f) {
+    if constexpr (kPieceScales) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[mb][64 * h + i] = fmaf(P[i], ps, acc[mb][64 * h + i]);
+    } else if (scaled) {
 #pragma unroll
       for (int i = 0; i < 64; ++i)  // accumulators 4j, 4j+1: row r; 4j+2, 4j+3: r+8
         acc[mb][64 * h + i] = fmaf(P[i], sa[(i >> 1) & 1] * sb, acc[mb][64 * h + i]);
@@ -423,7 +430,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         // TF32 and promoted 16-bit: a piece spans two k tiles (64 / 128 of K, 8 wgmma) where
         // two are left: half the drains. fp8 keeps one (promoted at least every 128 of K).
         constexpr bool kPairs = Ops::kBytes != 1;
-        const bool pair = kPairs && kt + 1 < wk.ktiles;
+        // promoted float16: the piece's scale, and no pair across piece_scale_k
+        const int k0 = wk.kbase + kt * kKTile;
+        const bool below = kPieceScales && k0 < p.piece_scale_k;
+        const float ps = below ? p.piece_scale : 1.0f;
+        const bool pair = kPairs && kt + 1 < wk.ktiles && !(below && k0 + kKTile >= p.piece_scale_k);
         const int s1 = s + 1 == Tr::kStages ? 0 : s + 1;  // the pair's second stage
         if (pair) ptx::mbarrier_wait(full_bar(s1), phase ^ (s + 1 == Tr::kStages));
         // The second stage's descriptors: the first's plus the stages' distance (>> 4, the
@@ -471,7 +482,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
-            add_piece(part, mb, h, kBlockScales && p.block_sa, csa[mb], csb[h]);
+            add_piece(part, mb, h, kBlockScales && p.block_sa, csa[mb], csb[h], ps);
           }
         }
         if (pair) {  // the pair's first stage; the loop's step below moves past the second
