@@ -30,6 +30,7 @@ struct ByteCase {
   int split = 1;  // K slices (summed by the split-K reduction; int8: exact int32 partials)
   bool n_major = false;  // B stored [K][N] (8-bit: copied K-major by LaunchGemm, pack)
   bool promote = false;  // float16 operands on the promoted kernels
+  int64_t piece_k = 0;   // promoted: pieces of K below piece_k times 0.5 (piece_scale_k)
 };
 
 // An 8-bit element as a double (raw byte of type t).
@@ -135,6 +136,8 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   pr.transpose_b = !c.n_major;  // B [N][K]: K-major; else [K][N], copied K-major first
   pr.pack = c.n_major;
   pr.promote = c.promote;
+  p.piece_scale_k = c.piece_k;
+  p.piece_scale = c.piece_k > 0 ? 0.5f : 1.0f;
   pr.config = cfg;
   const WorkspacePlan wp = PlanWorkspace(pr);
   DevBuf ws(wp.total() * 4);
@@ -151,7 +154,8 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
     for (int64_t q = 0; q < kb; ++q) {  // per 128-slice of K (the block scales' unit)
       double part = 0;
       for (int64_t kk = 128 * q; kk < std::min(k, 128 * (q + 1)); ++kk)
-        part += elem_value(c.ta, ha, r * k + kk) * elem_value(c.tb, hb, j * k + kk);
+        part += elem_value(c.ta, ha, r * k + kk) * elem_value(c.tb, hb, j * k + kk) *
+                (kk < c.piece_k ? 0.5 : 1.0);
       want += c.scale == Scale::kBlock ? part * hsa[q * lsa + r] * hsb[q * nb + j / 128] : part;
     }
     double got;
@@ -180,11 +184,12 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
   const bool ok = err.empty() && finite && exact && rel <= tol;
   static const char* kScale[] = {"none", "tensor", "row/col", "block"};
   if (!ok || verbose())
-    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld split %d scale %s%s%s: rel %.2e (tol %.0e)%s%s\n",
+    std::printf("%s byte %s %s x %s -> %s %ldx%ldx%ld split %d scale %s%s%s%s: rel %.2e (tol "
+                "%.0e)%s%s\n",
                 ok ? "ok  " : "FAIL", ConfigName(kConfigs[cfg]).c_str(), byte_name(c.ta),
                 byte_name(c.tb), int_out ? "s32" : dtype_name(c.out), long(m), long(n), long(k),
                 c.split, kScale[int(c.scale)], c.bias ? " bias" : "", c.n_major ? " B [K][N]" : "",
-                rel, tol,
+                c.piece_k ? " pieces scaled" : "", rel, tol,
                 finite ? "" : " [not finite: an element never written]", err.c_str());
   return t.add(ok);
 }
@@ -223,10 +228,14 @@ void byte_cases(bool quick, int cc, Tally& t) {
       {E4, E4, DType::kBF16, 200, 300, 528, Scale::kBlock, false, kNo},
       {E5, E4, DType::kF32, 260, 136, 1024, Scale::kBlock, true, Activation::kRelu, 2},
       // promoted float16 (f16x3): row / column scales, pieces of two k tiles and an odd last
-      // one, K slices (the reduction applies the scales), a one-row product
+      // one, K slices (the reduction applies the scales), a one-row product; scaled pieces
+      // (piece_scale_k) whose boundary falls inside a pair: k tile 3 of 9, and k tile 10, the
+      // second of slice 1's first pair (9 + 8 tiles)
       {F16, F16, DType::kF32, 200, 136, 520, Scale::kRowCol, true, Activation::kGeluTanh, 1,
        false, true},
+      {F16, F16, DType::kF32, 200, 136, 520, Scale::kRowCol, false, kNo, 1, false, true, 192},
       {F16, F16, DType::kBF16, 129, 300, 1064, Scale::kRowCol, false, kNo, 2, false, true},
+      {F16, F16, DType::kF32, 129, 300, 1064, Scale::kRowCol, true, kNo, 2, false, true, 640},
       {F16, F16, DType::kF32, 1, 130, 8, Scale::kTensor, false, kNo, 1, false, true},
   };
   if (!quick) {
