@@ -10,12 +10,12 @@ algorithm's pairs (i, j), smaller terms first), e.g. 3xTF32:
 TF32 parts stay float32 (the TF32 kernels read float32 and use its 10 high mantissa bits: the
 parts are rounded to exactly those); bfloat16 parts run on the bfloat16 kernels; f16x3's
 float16 parts of rows scaled by powers of two (f16_parts, concat_scaled) on the float16 kernels
-that sum each 128 of K apart, the powers of two undone by the epilogue's row and column scales. Splitting
-rounds to nearest, so each part is the operand's best approximation at that width and the
-remainder is exact in float32 (Markidis et al., "NVIDIA Tensor Core Programmability,
+that sum each 128 of K apart, the powers of two undone by the epilogue's row and column scales.
+Splitting rounds to nearest, so each part is the operand's best approximation at that width
+and the remainder is exact in float32 (Markidis et al., "NVIDIA Tensor Core Programmability,
 Performance & Precision", 2018; CUTLASS example 27). Non-finite values stay in the big part
 (their remainders are 0), and the big part meets the other operand's remainders with them
-zeroed (_laid): only the product of the two big parts sees them, so infinities and NaNs
+zeroed (_terms): only the product of the two big parts sees them, so infinities and NaNs
 propagate as in float32 (inf x a remainder of 0 would make a NaN float32 never had).
 """
 from __future__ import annotations
@@ -117,16 +117,15 @@ def _pow2(e):
     return lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 
 
-def _laid(pa, pb, algo, k_axis_a, k_axis_b):
-    """The parts side by side along K, one block per term of TERMS[algo]; a big part (0) in a
-    term with a remainder has its non-finite values zeroed."""
+def _terms(pa, pb, algo):
+    """The blocks of K, one per term of TERMS[algo]: (a's parts, b's parts) in term order; a
+    big part (0) in a term with a remainder has its non-finite values zeroed."""
     def part(ps, i, other):
         p = ps[i]
         big_meets_rest = i == 0 and other > 0
         return jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype)) if big_meets_rest else p
     terms = TERMS[algo]
-    return (jnp.concatenate([part(pa, i, j) for i, j in terms], axis=k_axis_a),
-            jnp.concatenate([part(pb, j, i) for i, j in terms], axis=k_axis_b))
+    return [part(pa, i, j) for i, j in terms], [part(pb, j, i) for i, j in terms]
 
 
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
@@ -135,7 +134,8 @@ def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     pa, pb = parts(a, algo), parts(b, algo)
     if len(TERMS[algo]) == 1:
         return pa[0], pb[0]
-    return _laid(pa, pb, algo, k_axis_a, k_axis_b)
+    ta, tb = _terms(pa, pb, algo)
+    return jnp.concatenate(ta, axis=k_axis_a), jnp.concatenate(tb, axis=k_axis_b)
 
 
 def concat_scaled(a, b, k_axis_a, k_axis_b):
@@ -148,14 +148,14 @@ def concat_scaled(a, b, k_axis_a, k_axis_b):
     k = a.shape[k_axis_a]
     ha, la, inv_a = f16_parts(a, k_axis_a)
     hb, lb, inv_b = f16_parts(b, k_axis_b)
-    pa, pb = _laid((ha, la), (hb, lb), "f16x3", k_axis_a, k_axis_b)
+    ta, tb = _terms((ha, la), (hb, lb), "f16x3")
 
-    def split(x, axis):  # zeros between the remainders' terms and the big parts' term
-        pad = [(0, 0)] * x.ndim
+    def lay(blocks, axis):  # zeros between the remainders' terms and the big parts' term
+        lo = jnp.concatenate(blocks[:2], axis=axis)
+        pad = [(0, 0)] * lo.ndim
         pad[axis] = (0, f16x3_lo_k(k) - 2 * k)
-        lo, hi = (lax.slice_in_dim(x, s, t, axis=axis) for s, t in ((0, 2 * k), (2 * k, 3 * k)))
-        return jnp.concatenate([jnp.pad(lo, pad), hi], axis=axis)
-    return split(pa, k_axis_a), split(pb, k_axis_b), inv_a, inv_b
+        return jnp.concatenate([jnp.pad(lo, pad), blocks[2]], axis=axis)
+    return lay(ta, k_axis_a), lay(tb, k_axis_b), inv_a, inv_b
 
 
 def f16x3_lo_k(k):
