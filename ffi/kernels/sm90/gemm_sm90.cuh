@@ -434,7 +434,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         const int k0 = wk.kbase + kt * kKTile;
         const bool below = kPieceScales && k0 < p.piece_scale_k;
         const float ps = below ? p.piece_scale : 1.0f;
-        const bool pair = kPairs && kt + 1 < wk.ktiles && !(below && k0 + kKTile >= p.piece_scale_k);
+        const bool pair =
+            kPairs && kt + 1 < wk.ktiles && !(below && k0 + kKTile >= p.piece_scale_k);
         const int s1 = s + 1 == Tr::kStages ? 0 : s + 1;  // the pair's second stage
         if (pair) ptx::mbarrier_wait(full_bar(s1), phase ^ (s + 1 == Tr::kStages));
         // The second stage's descriptors: the first's plus the stages' distance (>> 4, the
