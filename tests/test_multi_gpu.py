@@ -7,7 +7,9 @@ all-reduce for K sharding; results match the float64 reference and the single-GP
 With a fused epilogue (C + bias + gelu_tanh, and aux): batch/M/N sharding runs the whole fused
 kernel on local shards (no tanh op in the HLO: it is in our kernel); K sharding sums float32
 partials with one all-reduce and applies the epilogue once, after it. Gradients of a fused
-layer under sharding equal the single-GPU ones.
+layer under sharding equal the single-GPU ones. float32 operands at HIGHEST (f16x3) and the
+3xTF32 / BF16x3 presets split on the local shards (their parts' scales from the local rows and
+K slice), with float32 accuracy.
 """
 import itertools
 import threading
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import jax_tcgemm as tg
 from jax_tcgemm.primitive import tcgemm
@@ -153,3 +156,25 @@ def test_epilogue_grad_under_set_mesh_two_gpus(mesh, kind):
     case = epilogue_grad_case(mesh, kind, "gelu_tanh", bt=4, m=96, k=520, n=136, set_mesh=True)
     assert 'custom_call_target="tcgemm"' in case["text"]
     check_epilogue_grad(case, kind)
+
+
+F32_PRECISIONS = {"highest": ("highest", 5e-6),
+                  "tf32x3": (lax.DotAlgorithmPreset.TF32_TF32_F32_X3, 5e-6),
+                  "bf16x3": (lax.DotAlgorithmPreset.BF16_BF16_F32_X3, 5e-5)}
+
+
+@pytest.mark.parametrize("precision", list(F32_PRECISIONS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_f32_sharded_two_gpus(mesh, kind, precision):
+    """float32 operands over 2 GPUs by multi-pass algorithm (f16x3 for HIGHEST, whose row and
+    column scales each shard takes from its own rows and K slice): our kernel on the local
+    shards, K sharding summed by one float32 all-reduce; float32 accuracy against float64
+    (relative error of the whole result, bound per algorithm), layouts NT and TN."""
+    prec, lim = F32_PRECISIONS[precision]
+    for ta, tb in ((False, True), (True, False)):
+        out, ref, text, local, _ = sharded_case(mesh, "d", kind, ta, tb, dtype=F32, m=264,
+                                                n=136, k=520, precision=prec)
+        assert 'custom_call_target="tcgemm"' in text
+        check_partitioned(kind, text, local)
+        err = assert_close(out, ref, F32, 520, f"{precision} {kind} 2 GPUs")
+        assert err <= lim, f"{precision} {kind} ta={ta} tb={tb}: relative error {err:.3g} > {lim}"

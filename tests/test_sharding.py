@@ -50,8 +50,9 @@ def _stored(x, transposed):
 
 
 def sharded_case(mesh, axis, kind, ta=False, tb=False, ba=4, bb=4, dtype=F16, out_dtype=F32,
-                 m=64, n=48, k=64):
-    """Runs tcgemm (layout ta/tb) jitted over `mesh` with `kind` sharded along mesh `axis`.
+                 m=64, n=48, k=64, precision=None):
+    """Runs tcgemm (layout ta/tb, `precision`) jitted over `mesh` with `kind` sharded along mesh
+    `axis`.
     Returns (out, float64 reference, compiled HLO text, expected local result shape, the
     logical operands a (Ba, M, K) and b (Bb, K, N) as host arrays)."""
     a = np.asarray(rand(("shard", kind, ta, tb, ba, bb, m, n, k), (ba, m, k), dtype))
@@ -59,7 +60,8 @@ def sharded_case(mesh, axis, kind, ta=False, tb=False, ba=4, bb=4, dtype=F16, ou
     da, db = _SHARDED_DIM[kind]
     x = jax.device_put(_stored(a, ta), NamedSharding(mesh, _stored_spec(da, axis, ta, ba == 1)))
     y = jax.device_put(_stored(b, tb), NamedSharding(mesh, _stored_spec(db, axis, tb, bb == 1)))
-    f = jax.jit(partial(tcgemm, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype))
+    f = jax.jit(partial(tcgemm, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
+                        precision=precision))
     text = f.lower(x, y).compile().as_text()
     out = f(x, y)
     local = [max(ba, bb), m, n]

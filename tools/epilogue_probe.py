@@ -71,6 +71,8 @@ def _variants_axpby(f32):
 def run(name, m, n, k, dtype, variants, shared_extra, reps, results, only=None):
     if only:
         variants = {v: f for v, f in variants.items() if re.search(only, v)}
+    if not variants:
+        return
     flops = 2 * m * n * k
     r = max(1, min(64, round(4e12 / flops)))
     a_list, w = timing.harness_operands(r, (m, k), (k, n), dtype, k)
