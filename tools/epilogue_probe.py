@@ -35,6 +35,12 @@ _SM90 = tuple(c.name for c in configs.CONFIGS if c.name in (
     "sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2", "sm90_128x128x64_s6_p2"))
 
 
+# Epilogues timed on every row of _SM90 (aux: the forward that grad runs, which also writes the
+# pre-activation)
+_GELU = {"bias": 1, "activation": "gelu_tanh"}
+_FORCED = (("plain", {}), ("bias_gelu_tanh", _GELU), ("bias_gelu_tanh_aux", {**_GELU, "aux": True}))
+
+
 def _variants_bias_act(f32):
     gelu_t = lambda y: jax.nn.gelu(y, approximate=True)  # noqa: E731
     return {
@@ -51,8 +57,7 @@ def _variants_bias_act(f32):
             aux=True)[0][0],
         **{f"{cfg}/{v}": (lambda x, w, b, cfg=cfg, kw=kw: _tc(x, w, config=cfg, **{
             k: (b if k == "bias" else a) for k, a in kw.items()}))
-           for cfg in _SM90 for v, kw in (("plain", {}),
-                                          ("bias_gelu_tanh", {"bias": 1, "activation": "gelu_tanh"}))},
+           for cfg in _SM90 for v, kw in _FORCED},
     }
 
 
