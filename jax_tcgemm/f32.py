@@ -128,12 +128,22 @@ def _terms(pa, pb, algo):
     return [part(pa, i, j) for i, j in terms], [part(pb, j, i) for i, j in terms]
 
 
+# The bfloat16 parts are written once by an optimization barrier before they are laid out: left
+# to itself, XLA fused their rounding into the concatenation and materialised a masked float32
+# operand between (H100, BF16_BF16_F32_X3 at 8192^3: the parts 1.06 ms -> 0.80, one fusion per
+# operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x). The K-major paths
+# (3xTF32, f16x3), whose time goes to transposing the float32 operand first, gained nothing from
+# it (benchmarks/NOTES.md v52).
+
+
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     """(a', b'): the parts of a and b side by side along their K axes, one block of K per
     product of TERMS[algo], so that a' @ b' is the algorithm's sum."""
     pa, pb = parts(a, algo), parts(b, algo)
     if len(TERMS[algo]) == 1:
         return pa[0], pb[0]
+    if algo.startswith("bf16"):
+        pa, pb = lax.optimization_barrier((pa, pb))
     ta, tb = _terms(pa, pb, algo)
     return jnp.concatenate(ta, axis=k_axis_a), jnp.concatenate(tb, axis=k_axis_b)
 
