@@ -133,7 +133,7 @@ def _terms(pa, pb, algo):
 # operand between (H100, BF16_BF16_F32_X3 at 8192^3: the parts 1.06 ms -> 0.80, one fusion per
 # operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x). The K-major paths
 # (3xTF32, f16x3), whose time goes to transposing the float32 operand first, gained nothing from
-# it (benchmarks/NOTES.md v52).
+# it (benchmarks/NOTES.md v52, v53).
 
 
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):

@@ -52,9 +52,8 @@ def _stored(x, transposed):
 def sharded_case(mesh, axis, kind, ta=False, tb=False, ba=4, bb=4, dtype=F16, out_dtype=F32,
                  m=64, n=48, k=64, precision=None):
     """Runs tcgemm (layout ta/tb, `precision`) jitted over `mesh` with `kind` sharded along mesh
-    `axis`.
-    Returns (out, float64 reference, compiled HLO text, expected local result shape, the
-    logical operands a (Ba, M, K) and b (Bb, K, N) as host arrays)."""
+    `axis`. Returns (out, float64 reference, compiled HLO text, expected local result shape,
+    the logical operands a (Ba, M, K) and b (Bb, K, N) as host arrays)."""
     a = np.asarray(rand(("shard", kind, ta, tb, ba, bb, m, n, k), (ba, m, k), dtype))
     b = np.asarray(rand(("shard-b", kind, ta, tb, ba, bb, m, n, k), (bb, k, n), dtype))
     da, db = _SHARDED_DIM[kind]
