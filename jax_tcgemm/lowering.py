@@ -87,7 +87,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     slices as 3xTF32)."""
     from . import configs
     del precision
-    k = a.shape[1 if transpose_a else 2]
+    k = dims(a.shape, b.shape, transpose_a, transpose_b)[3]
     a2, b2, inv_a, inv_b = f32.kmajor_parts(a, b, "f16x3", transpose_a, transpose_b)
     bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
     if plan is None:
