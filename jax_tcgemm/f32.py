@@ -128,12 +128,11 @@ def _terms(pa, pb, algo):
     return [part(pa, i, j) for i, j in terms], [part(pb, j, i) for i, j in terms]
 
 
-# The bfloat16 parts are written once by an optimization barrier before they are laid out: left
+# concat_operands writes the parts once (an optimization barrier) before it lays them out: left
 # to itself, XLA fused their rounding into the concatenation and materialised a masked float32
 # operand between (H100, BF16_BF16_F32_X3 at 8192^3: the parts 1.06 ms -> 0.80, one fusion per
-# operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x). The K-major paths
-# (3xTF32, f16x3), whose time goes to transposing the float32 operand first, gained nothing from
-# it (benchmarks/NOTES.md v52, v53).
+# operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x; 3xTF32, whose time goes
+# to transposing the float32 operand first, unchanged: benchmarks/NOTES.md v52, v53).
 
 
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
@@ -142,8 +141,7 @@ def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     pa, pb = parts(a, algo), parts(b, algo)
     if len(TERMS[algo]) == 1:
         return pa[0], pb[0]
-    if algo.startswith("bf16"):
-        pa, pb = lax.optimization_barrier((pa, pb))
+    pa, pb = lax.optimization_barrier((pa, pb))
     ta, tb = _terms(pa, pb, algo)
     return jnp.concatenate(ta, axis=k_axis_a), jnp.concatenate(tb, axis=k_axis_b)
 
