@@ -12,6 +12,7 @@ import jax
 TARGET = "tcgemm"  # FFI target names (C++: TcgemmHandler, TcgemmDactHandler in ffi/xla/gemm_ffi.cc)
 DACT_TARGET = "tcgemm_dact"
 RAGGED_TARGET = "tcgemm_ragged"
+SPLIT_TARGET = "tcgemm_split"  # TcgemmSplitHandler (ffi/xla/split_ffi.cc)
 
 _HERE = pathlib.Path(__file__).resolve().parent
 try:

@@ -114,7 +114,7 @@ def algorithm_of(case: F32Case) -> str:
             return f"{algo or 'lax'} (XLA)"
         k = f32.concat_k(case.k, algo)
         if algo.startswith("bf16"):
-            plan = configs.plan_for_device(case.m, case.n, k)
+            plan = configs.plan_for_device(case.m, case.n, k, layout="NT")  # K-major parts
         else:
             plan = configs.plan_f32(case.m, case.n, k)
         return f"{algo} on {plan[0]} split {plan[1]}" if plan else f"{algo} (lax)"

@@ -15,7 +15,7 @@ Splitting rounds to nearest, so each part is the operand's best approximation at
 and the remainder is exact in float32 (Markidis et al., "NVIDIA Tensor Core Programmability,
 Performance & Precision", 2018; CUTLASS example 27). Non-finite values stay in the big part
 (their remainders are 0), and the big part meets the other operand's remainders with them
-zeroed (_terms): only the product of the two big parts sees them, so infinities and NaNs
+zeroed (layout): only the product of the two big parts sees them, so infinities and NaNs
 propagate as in float32 (inf x a remainder of 0 would make a NaN float32 never had).
 """
 from __future__ import annotations
@@ -117,15 +117,41 @@ def _pow2(e):
     return lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 
 
-def _terms(pa, pb, algo):
-    """The blocks of K, one per term of TERMS[algo]: (a's parts, b's parts) in term order; a
-    big part (0) in a term with a remainder has its non-finite values zeroed."""
-    def part(ps, i, other):
-        p = ps[i]
-        big_meets_rest = i == 0 and other > 0
-        return jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype)) if big_meets_rest else p
-    terms = TERMS[algo]
-    return [part(pa, i, j) for i, j in terms], [part(pb, j, i) for i, j in terms]
+def layout(algo, role, k):
+    """Where the parts of operand `role` ("a" or "b") of a product over K go along K' (the one
+    rule of concat_operands, concat_scaled and the tcgemm_split kernel, lowering.split_operand):
+    (blocks, zeros, K'): blocks[t] = (offset, part, masked) for term t of TERMS[algo], part 0
+    the biggest; masked: a big part that meets the other operand's remainder, its non-finite
+    values zeroed (only the product of the two big parts sees them: inf x a remainder of 0
+    would make a NaN float32 never had); zeros: the (begin, end) ranges of K' between and
+    after the blocks (f16x3's padding to f16x3_lo_k, concat_k's to 16-byte rows)."""
+    blocks = []
+    for t, (i, j) in enumerate(TERMS[algo]):
+        part, other = (i, j) if role == "a" else (j, i)
+        blocks.append((t * k, part, part == 0 and other > 0))
+    if algo == "f16x3":  # the big parts' term after the remainders', at f16x3_lo_k
+        blocks[2] = (f16x3_lo_k(k),) + blocks[2][1:]
+    kk, zeros, at = concat_k(k, algo), [], 0
+    for offset, _, _ in sorted(blocks) + [(concat_k(k, algo), 0, False)]:
+        if offset > at:
+            zeros.append((at, offset))
+        at = offset + k
+    return blocks, zeros, kk
+
+
+def _lay_out(ps, algo, role, k, axis):
+    """An operand's parts ps side by side along `axis`, as layout places them."""
+    blocks, zeros, _ = layout(algo, role, k)
+    pieces = []
+    for offset, part, masked in blocks:
+        p = ps[part]
+        pieces.append((offset, jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype))
+                       if masked else p))
+    for begin, end in zeros:
+        shape = list(ps[0].shape)
+        shape[axis] = end - begin
+        pieces.append((begin, jnp.zeros(shape, ps[0].dtype)))
+    return jnp.concatenate([p for _, p in sorted(pieces, key=lambda x: x[0])], axis=axis)
 
 
 # concat_operands writes the parts once (an optimization barrier) before it lays them out: left
@@ -133,37 +159,33 @@ def _terms(pa, pb, algo):
 # operand between (H100, BF16_BF16_F32_X3 at 8192^3: the parts 1.06 ms -> 0.80, one fusion per
 # operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x; 3xTF32, whose time goes
 # to transposing the float32 operand first, unchanged: benchmarks/NOTES.md v52, v53).
+# On the GPU the tcgemm_split kernel computes the same parts and layout (lowering.kernel_parts;
+# tests/test_split_gpu.py checks it bit for bit against these XLA ops, the specification).
 
 
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     """(a', b'): the parts of a and b side by side along their K axes, one block of K per
-    product of TERMS[algo], so that a' @ b' is the algorithm's sum."""
+    product of TERMS[algo] (layout), so that a' @ b' is the algorithm's sum."""
     pa, pb = parts(a, algo), parts(b, algo)
     if len(TERMS[algo]) == 1:
         return pa[0], pb[0]
     pa, pb = lax.optimization_barrier((pa, pb))
-    ta, tb = _terms(pa, pb, algo)
-    return jnp.concatenate(ta, axis=k_axis_a), jnp.concatenate(tb, axis=k_axis_b)
+    k = a.shape[k_axis_a]
+    return _lay_out(pa, algo, "a", k, k_axis_a), _lay_out(pb, algo, "b", k, k_axis_b)
 
 
 def concat_scaled(a, b, k_axis_a, k_axis_b):
-    """f16x3's (a', b', inv_a, inv_b): f16_parts of a and b side by side along their K axes as
-    concat_operands lays them, the two terms with a remainder first, padded with zeros to
-    f16x3_lo_k(K), then the big parts' term; and the powers of two that scale the product back
+    """f16x3's (a', b', inv_a, inv_b): f16_parts of a and b side by side along their K axes
+    (layout: the two terms with a remainder first, padded with zeros to f16x3_lo_k(K), then the
+    big parts' term, padded to concat_k); and the powers of two that scale the product back
     (a's per row, b's per column): with L = f16x3_lo_k(K),
     inv_a[..., m] * (2^-F16_LO_SHIFT a'[:L] @ b'[:L] + a'[L:] @ b'[L:])[..., m, n] * inv_b[..., n]
     is the product."""
     k = a.shape[k_axis_a]
     ha, la, inv_a = f16_parts(a, k_axis_a)
     hb, lb, inv_b = f16_parts(b, k_axis_b)
-    ta, tb = _terms((ha, la), (hb, lb), "f16x3")
-
-    def lay(blocks, axis):  # zeros between the remainders' terms and the big parts' term
-        lo = jnp.concatenate(blocks[:2], axis=axis)
-        pad = [(0, 0)] * lo.ndim
-        pad[axis] = (0, f16x3_lo_k(k) - 2 * k)
-        return jnp.concatenate([jnp.pad(lo, pad), blocks[2]], axis=axis)
-    return lay(ta, k_axis_a), lay(tb, k_axis_b), inv_a, inv_b
+    return (_lay_out((ha, la), "f16x3", "a", k, k_axis_a),
+            _lay_out((hb, lb), "f16x3", "b", k, k_axis_b), inv_a, inv_b)
 
 
 def f16x3_lo_k(k):
@@ -175,7 +197,8 @@ def f16x3_lo_k(k):
 def kmajor_parts(a, b, algo, transpose_a, transpose_b):
     """The parts of batched a and b (B, M, K) / (B, K, N), or transposed as flagged, made K-major
     and laid side by side along K (concat_operands; f16x3: concat_scaled), K padded with zeros
-    to concat_k's 16-byte rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b)."""
+    to concat_k's 16-byte rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b).
+    The tcgemm_split kernel's specification (lowering.kernel_parts)."""
     a = jnp.swapaxes(a, 1, 2) if transpose_a else a
     b = b if transpose_b else jnp.swapaxes(b, 1, 2)
     k = a.shape[2]
@@ -183,7 +206,7 @@ def kmajor_parts(a, b, algo, transpose_a, transpose_b):
         a, b, *scales = concat_scaled(a, b, 2, 2)
     else:
         (a, b), scales = concat_operands(a, b, algo, 2, 2), []
-    pad = ((0, 0), (0, 0), (0, concat_k(k, algo) - a.shape[2]))
+    pad = ((0, 0), (0, 0), (0, concat_k(k, algo) - a.shape[2]))  # one pass: rows of 16 bytes
     return (jnp.pad(a, pad), jnp.pad(b, pad), *scales)
 
 

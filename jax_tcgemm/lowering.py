@@ -88,7 +88,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     from . import configs
     del precision
     k = dims(a.shape, b.shape, transpose_a, transpose_b)[3]
-    a2, b2, inv_a, inv_b = f32.kmajor_parts(a, b, "f16x3", transpose_a, transpose_b)
+    a2, b2, inv_a, inv_b = kernel_parts(a, b, "f16x3", transpose_a, transpose_b)
     bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
     if plan is None:
         plan = configs.plan_f32(m, n, kk, bt, epilogue=True)
@@ -109,6 +109,39 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
             promote=True, piece_scale_k=f32.f16x3_lo_k(k),
             piece_scale=2.0 ** -f32.F16_LO_SHIFT))
     return [res[0]] + list(res[2:])
+
+
+_SPLIT_KINDS = {"tf32": 0, "bf16": 1, "f16": 2}  # SplitKind (ffi/host/split.h)
+
+
+def split_operand(x, algo, role, k_major):
+    """The parts of float32 operand x of algorithm `algo` (f32.TERMS; role "a" or "b"), laid
+    out along K' by the tcgemm_split kernel as f32.layout says: x (B, rows, K) if k_major, else
+    (B, K, rows) -> (B, rows, K') of the parts' type, plus f16x3's (B, rows) float32 powers of
+    two that scale it back (f32.f16_parts's inv). Bit for bit f32.kmajor_parts's operand."""
+    bt = x.shape[0]
+    rows, k = (x.shape[1], x.shape[2]) if k_major else (x.shape[2], x.shape[1])
+    blocks, zeros, kk = f32.layout(algo, role, k)
+    kind = algo[:4] if algo != "f16x3" else "f16"
+    dtype = {"tf32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}[kind]
+    results = [jax.ShapeDtypeStruct((bt, rows, kk), dtype)]
+    results += [jax.ShapeDtypeStruct((bt, rows), jnp.float32)] if kind == "f16" else []
+    return jax.ffi.ffi_call(_ffi.SPLIT_TARGET, results)(
+        x, kind=np.int32(_SPLIT_KINDS[kind]), k_major=bool(k_major),
+        offsets=np.array([o for o, _, _ in blocks], np.int64),
+        parts=np.array([p + 4 * m for _, p, m in blocks], np.int32),
+        zeros=np.array([e for z in zeros for e in z] or [kk, kk], np.int64),
+        top_exp=np.int32(f32.F16_TOP), lo_scale=np.float32(2.0 ** f32.F16_LO_SHIFT))
+
+
+def kernel_parts(a, b, algo, transpose_a, transpose_b):
+    """f32.kmajor_parts on the GPU: the parts of batched a and b (B, M, K) / (B, K, N), or
+    transposed as flagged, K-major and laid out along K' by one tcgemm_split call each:
+    (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b)."""
+    _ffi.require()
+    pa = split_operand(a, algo, "a", not transpose_a)
+    pb = split_operand(b, algo, "b", transpose_b)
+    return (pa[0], pb[0]) + ((pa[1], pb[1]) if algo == "f16x3" else ())
 
 
 def f16x3_lowering(ctx, *args, **params):

@@ -33,7 +33,7 @@ from jax.extend.core import Primitive
 from jax.lax import dot_general as _lax_dot_general  # as imported: safe under a monkeypatch
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi, epilogue, f32, lowering, problem, sharding
+from . import _ffi, epilogue, lowering, problem, sharding
 from .epilogue import activate_grad
 from .problem import IN_DTYPES, OPERAND_DTYPES, OUT_DTYPES, C_DTYPES, ACTIVATIONS, F32, dims
 from .problem import split_operands
@@ -170,8 +170,9 @@ _TF32_PASS = lax.DotAlgorithmPreset.TF32_TF32_F32
 def _f32_lowering(ctx, *args, **params):
     """float32 operands on CUDA, by their precision's algorithm (problem.f32_algorithm). On
     compute capability 9.0 the multi-pass algorithms are one product of the operands' parts
-    side by side along K (f32.concat_operands, XLA ops in front of the call; f16x3:
-    lowering.f16x3_product, which scales them back in the epilogue); one TF32 pass is
+    side by side along K (f32.layout, written by the tcgemm_split kernel in front of the call:
+    lowering.kernel_parts; f16x3: lowering.f16x3_product, which scales them back in the
+    epilogue); one TF32 pass is
     XLA's (problem.F32_ON_KERNELS says why) unless a config is forced, then it is the FFI call
     (K-major operands with K % 4 == 0 as they are, others made so). lax computes the
     algorithms our kernels lack, and all on other GPUs (XLA's TF32 / presets: one contract)."""
@@ -197,21 +198,22 @@ def _f32_lowering(ctx, *args, **params):
 
 
 def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **params):
-    """tcgemm_p on the parts of float32 a and b (f32.concat_operands) for algorithm `algo`."""
-    if algo.startswith("tf32"):  # K-major, K a multiple of 4 (zeros), then one TF32 pass
-        from . import configs
-        a, b = f32.kmajor_parts(a, b, algo, transpose_a, transpose_b)
-        plan = params.pop("plan")  # the pass on our kernel: planned here unless forced
-        if plan is None:
-            bt, m, n, kk, _ = dims(a.shape, b.shape, False, True)
-            plan = configs.plan_f32(m, n, kk, bt, epilogue=problem.fused_epilogue(
-                params["has_c"], params["has_bias"], params["has_scale"], params["aux"],
-                params["activation"]))
+    """tcgemm_p on the parts of float32 a and b for algorithm `algo`, K-major, laid out along
+    K' by the tcgemm_split kernel (lowering.kernel_parts; f32.layout): TF32 parts as one TF32
+    pass of our kernel (planned here unless forced), bfloat16 parts as a bfloat16 product."""
+    a, b = lowering.kernel_parts(a, b, algo, transpose_a, transpose_b)
+    if not algo.startswith("tf32"):
         return tcgemm_p.bind(a, b, *rest, transpose_a=False, transpose_b=True,
-                             precision=_TF32_PASS, plan=plan, **params)
-    a, b = f32.concat_operands(a, b, algo, 1 if transpose_a else 2, 2 if transpose_b else 1)
-    return tcgemm_p.bind(a, b, *rest, transpose_a=transpose_a, transpose_b=transpose_b,
-                         precision=precision, **params)
+                             precision=precision, **params)
+    from . import configs
+    plan = params.pop("plan")
+    if plan is None:
+        bt, m, n, kk, _ = dims(a.shape, b.shape, False, True)
+        plan = configs.plan_f32(m, n, kk, bt, epilogue=problem.fused_epilogue(
+            params["has_c"], params["has_bias"], params["has_scale"], params["aux"],
+            params["activation"]))
+    return tcgemm_p.bind(a, b, *rest, transpose_a=False, transpose_b=True,
+                         precision=_TF32_PASS, plan=plan, **params)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from conftest import assert_close, f64, rand, ref64
 
 F16, BF16, F32 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)
 ALLOW_TCGEMM = [jax.export.DisabledSafetyCheck.custom_call(t)
-                for t in (_ffi.TARGET, _ffi.DACT_TARGET)]
+                for t in (_ffi.TARGET, _ffi.DACT_TARGET, _ffi.SPLIT_TARGET)]
 
 
 @pytest.fixture
@@ -143,8 +143,9 @@ def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
     """float32 exports as the lowering for an H100 makes it (configs.device_arch at export
     time): HIGHEST as one call of the promoted float16 kernels on the f16x3 parts (K-major,
     float16, row and column scales; the remainders' two terms padded to f16x3_lo_k = 128, whose
-    pieces the kernel scales, then the big parts': K' = 168), and its gradient likewise; one
-    TF32 pass (DEFAULT) as XLA's dot."""
+    pieces the kernel scales, then the big parts': K' = 168), written by one tcgemm_split call
+    per operand (a K-major, b transposed by it), and its gradient likewise; one TF32 pass
+    (DEFAULT) as XLA's dot."""
     monkeypatch.setattr(configs, "device_arch", lambda: (9, 0))
     S = jax.ShapeDtypeStruct
     a, b = S((5, 40), F32), S((40, 24), F32)
@@ -153,6 +154,12 @@ def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
     assert "tensor<1x5x168xf16>" in call and "tensor<1x24x168xf16>" in call
     assert "transpose_b = true" in call and "promote = true" in call
     assert "piece_scale_k = 128 : i64" in call and "piece_scale = 4.8828125E-4 : f32" in call, call
+    splits = [line for line in text.splitlines() if "stablehlo.custom_call @tcgemm_split(" in line]
+    assert len(splits) == 2, splits
+    sa, sb = sorted(splits, key=lambda s: "tensor<1x40x24xf32>" in s)
+    assert "k_major = true" in sa and "(tensor<1x5x40xf32>)" in sa and "1x5x168xf16" in sa, sa
+    assert "k_major = false" in sb and "1x24x168xf16" in sb, sb  # b (K, N) read as it is
+    assert "stablehlo.transpose" not in text, text
     g = jax.value_and_grad(lambda x, y: tg.matmul(x, y, precision="highest").sum(),
                            argnums=(0, 1))
     assert len(tcgemm_calls(round_trip(export_cuda(g, a, b)).mlir_module())) == 3

@@ -149,7 +149,7 @@ def f16x3_emulated(a, b):
     k = a.shape[1]
     ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
     lk = f32.f16x3_lo_k(k)
-    assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (a.shape[0], lk + k)
+    assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (a.shape[0], f32.concat_k(k, "f16x3"))
     assert lk % 64 == 0 and not np.asarray(ac[:, 2 * k:lk]).any()  # zeros up to the boundary
 
     def dot(x, y):

@@ -10,4 +10,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmDactHandler);
 // Target "tcgemm_ragged" (platform CUDA; ragged_ffi.cc): lax.ragged_dot's grouped products.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmRaggedHandler);
+// Target "tcgemm_split" (platform CUDA; split_ffi.cc): the parts of a float32 operand of a
+// multi-pass float32 product, laid out along K (jax_tcgemm/f32.layout).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TcgemmSplitHandler);
 }  // namespace tcgemm

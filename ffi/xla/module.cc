@@ -68,6 +68,7 @@ NB_MODULE(_tcgemm, m) {
     d["tcgemm"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmHandler));
     d["tcgemm_dact"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmDactHandler));
     d["tcgemm_ragged"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmRaggedHandler));
+    d["tcgemm_split"] = nb::capsule(reinterpret_cast<void*>(tcgemm::TcgemmSplitHandler));
     return d;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target(platform='CUDA').");
   m.def("config_names", []() {
