@@ -1,5 +1,8 @@
 """float32 products on the tensor cores (issue 25): the operand splits of the algorithms of
-problem.f32_algorithm, in XLA ops, and the one concatenated product each becomes.
+problem.f32_algorithm and the one concatenated product each becomes, in XLA ops. These are the
+specification: on the GPU the tcgemm_split kernel computes the same parts in the same layout
+(layout; lowering.kernel_parts), held to these ops bit for bit by tests/test_split_gpu.py; the
+CPU tests check the algorithms' accuracy through them.
 
 A multi-pass algorithm is one GEMM over a longer K: the operands' parts are laid side by side
 along K so that one accumulator sums every product of parts (sum_k a_i[m, k] b_j[k, n] for the

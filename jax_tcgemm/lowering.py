@@ -1,6 +1,8 @@
 """The "tcgemm" FFI call: its attributes and workspace (one builder for every caller), the
 lowering of tcgemm_p on operands the kernels read as they are, and f16x3, float32 HIGHEST on the
-promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes it here).
+promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes it here); the
+"tcgemm_split" call that writes a float32 operand's parts for every multi-pass algorithm
+(kernel_parts, f32.layout).
 
 Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack),
 which epilogue operands follow a and b (c, bias, scale, row_scale, col_scale, block scales, in
