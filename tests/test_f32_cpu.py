@@ -3,6 +3,8 @@ and the concatenated product each algorithm becomes (checked against float64 wit
 products standing in for the kernels), the CUDA lowering's choices (the module's text, lowered
 for CUDA on this machine as for an H100), and the primitive's params and transformations.
 Fresh random inputs per case."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -303,8 +305,12 @@ def test_lowering_one_pass_is_xla_unless_forced(h100):
     (PRESET.BF16_BF16_F32, 258, "bf16"),
 ])
 def test_lowering_parts(h100, precision, k_prime, elem):
+    """One product of the parts, K-major (transpose_b), written by one tcgemm_split call per
+    operand (a read (M, K), b read (K, N) as they are: no XLA transpose), whose attributes are
+    f32.layout's blocks and zero ranges for that operand."""
     a, b = jnp.ones((64, 258), jnp.float32), jnp.ones((258, 96), jnp.float32)
-    calls = _calls(lambda x, y: tg.matmul(x, y, precision=precision), a, b)
+    f = lambda x, y: tg.matmul(x, y, precision=precision)  # noqa: E731
+    calls = _calls(f, a, b)
     assert len(calls) == 1
     line = calls[0]["line"]
     assert f"x{k_prime}x{elem}>" in line, line
@@ -312,10 +318,30 @@ def test_lowering_parts(h100, precision, k_prime, elem):
     assert calls[0]["promote"] == str(promoted).lower()
     assert calls[0]["piece_scale_k"] == (f"{f32.f16x3_lo_k(258)} : i64" if promoted else "0 : i64")
     assert calls[0]["has_row_scale"] == calls[0]["has_col_scale"] == str(promoted).lower()
+    assert calls[0]["transpose_b"] == "true" and calls[0]["transpose_a"] == "false"
     if elem != "bf16":
-        assert calls[0]["transpose_b"] == "true" and configs.BY_NAME[calls[0]["config"]].f32
+        assert configs.BY_NAME[calls[0]["config"]].f32
     if promoted:  # (B, M) and (1, N) scales after the operands
         assert "tensor<1x64xf32>" in line and "tensor<1x96xf32>" in line, line
+    text = cuda_text(f, a, b)
+    assert "stablehlo.transpose" not in text
+    splits = custom_calls(text, "tcgemm_split")
+    assert len(splits) == 2
+    algo = problem.f32_algorithm(problem.canonical_precision(precision))
+    for call, role, shape in [(splits[0], "a", "1x64x258xf32"), (splits[1], "b", "1x258x96xf32")]:
+        blocks, zeros, kk = f32.layout(algo, role, 258)
+        want = {"k_major": "true" if role == "a" else "false",
+                "offsets": ", ".join(str(o) for o, _, _ in blocks),
+                "parts": ", ".join(str(p + 4 * m) for _, p, m in blocks),
+                "zeros": ", ".join(str(e) for z in zeros for e in z) or f"{kk}, {kk}"}
+        for key, value in want.items():  # (a splat array prints as dense<v> : tensor<Nx..>)
+            got = re.search(rf"{key} = (?:dense<\[?([^\]>]*)\]?> : tensor<(\d+)|(\w+))",
+                            call["line"])
+            assert got, (key, call["line"])
+            seen = got.group(3) or ", ".join(
+                got.group(1).split(", ") * (int(got.group(2)) if "," not in got.group(1) else 1))
+            assert seen == value, (key, value, call["line"])
+        assert f"(tensor<{shape}>)" in call["line"] and f"x{kk}x{elem}>" in call["line"]
 
 
 @needs_module
@@ -365,3 +391,26 @@ def test_plan_f32_long_k_slices():
     assert configs.plan_f32(8192, 8192, 3 * 8192, arch=(9, 0))[1] == 1
     assert all(s == 1 or k // s >= configs.F32_MIN_SLICE_K
                for k in (4, 4096, 24576, 196608) for s in configs.f32_splits(k))
+
+
+@pytest.mark.parametrize("algo", sorted(f32.TERMS))
+def test_layout_tiles_k_prime(algo):
+    """f32.layout (the one rule of the XLA specification and of the tcgemm_split kernel, whose
+    handler rejects any other): per operand one block of K per term, blocks and zero ranges
+    tiling [0, K') exactly, K' = concat_k; a part met by the other operand's remainder is the
+    masked big part; f16x3's big term starts at f16x3_lo_k."""
+    for k in (0, 1, 3, 64, 77, 258, 1029, 4096):
+        for role in ("a", "b"):
+            blocks, zeros, kk = f32.layout(algo, role, k)
+            assert kk == f32.concat_k(k, algo) and len(blocks) == len(f32.TERMS[algo])
+            spans = sorted([(o, o + k) for o, _, _ in blocks] + list(zeros))
+            at = 0
+            for begin, end in spans:
+                assert begin == at and end >= begin, (algo, role, k, spans)
+                at = end
+            assert at == kk
+            for (offset, part, masked), (i, j) in zip(blocks, f32.TERMS[algo]):
+                mine, other = (i, j) if role == "a" else (j, i)
+                assert part == mine and masked == (mine == 0 and other > 0)
+            if algo == "f16x3":
+                assert blocks[2][0] == f32.f16x3_lo_k(k)
