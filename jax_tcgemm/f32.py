@@ -1,7 +1,7 @@
 """float32 products on the tensor cores (issue 25): the operand splits of the algorithms of
 problem.f32_algorithm and the one concatenated product each becomes, in XLA ops. These are the
 specification: on the GPU the tcgemm_split kernel computes the same parts in the same layout
-(layout; lowering.kernel_parts), held to these ops bit for bit by tests/test_split_gpu.py; the
+(layout; lowering.f32_parts), held to these ops bit for bit by tests/test_split_gpu.py; the
 CPU tests check the algorithms' accuracy through them.
 
 A multi-pass algorithm is one GEMM over a longer K: the operands' parts are laid side by side
@@ -157,24 +157,33 @@ def _lay_out(ps, algo, role, k, axis):
     return jnp.concatenate([p for _, p in sorted(pieces, key=lambda x: x[0])], axis=axis)
 
 
-# concat_operands writes the parts once (an optimization barrier) before it lays them out: left
+# operand_parts writes the parts once (an optimization barrier) before it lays them out: left
 # to itself, XLA fused their rounding into the concatenation and materialised a masked float32
 # operand between (H100, BF16_BF16_F32_X3 at 8192^3: the parts 1.06 ms -> 0.80, one fusion per
 # operand and one concatenation each; f32_bf16x3_8192 1.01x -> 1.05x; 3xTF32, whose time goes
 # to transposing the float32 operand first, unchanged: benchmarks/NOTES.md v52, v53).
-# On the GPU the tcgemm_split kernel computes the same parts and layout (lowering.kernel_parts;
+# On the GPU the tcgemm_split kernel computes the same parts and layout (lowering.f32_parts;
 # tests/test_split_gpu.py checks it bit for bit against these XLA ops, the specification).
+
+
+def operand_parts(x, algo, role, k_axis):
+    """One operand's parts (role "a" or "b") side by side along its K axis as layout places
+    them, K' = concat_k; f16x3: (x', inv), inv its powers of two's inverses (f16_parts) with
+    k_axis dropped. What one tcgemm_split call computes (lowering.split_operand)."""
+    k = x.shape[k_axis]
+    if algo == "f16x3":
+        hi, lo, inv = f16_parts(x, k_axis)
+        return _lay_out((hi, lo), algo, role, k, k_axis), inv
+    ps = parts(x, algo)
+    if len(ps) > 1:
+        ps = lax.optimization_barrier(ps)
+    return _lay_out(ps, algo, role, k, k_axis)
 
 
 def concat_operands(a, b, algo, k_axis_a, k_axis_b):
     """(a', b'): the parts of a and b side by side along their K axes, one block of K per
     product of TERMS[algo] (layout), so that a' @ b' is the algorithm's sum."""
-    pa, pb = parts(a, algo), parts(b, algo)
-    if len(TERMS[algo]) == 1:
-        return pa[0], pb[0]
-    pa, pb = lax.optimization_barrier((pa, pb))
-    k = a.shape[k_axis_a]
-    return _lay_out(pa, algo, "a", k, k_axis_a), _lay_out(pb, algo, "b", k, k_axis_b)
+    return operand_parts(a, algo, "a", k_axis_a), operand_parts(b, algo, "b", k_axis_b)
 
 
 def concat_scaled(a, b, k_axis_a, k_axis_b):
@@ -184,11 +193,9 @@ def concat_scaled(a, b, k_axis_a, k_axis_b):
     (a's per row, b's per column): with L = f16x3_lo_k(K),
     inv_a[..., m] * (2^-F16_LO_SHIFT a'[:L] @ b'[:L] + a'[L:] @ b'[L:])[..., m, n] * inv_b[..., n]
     is the product."""
-    k = a.shape[k_axis_a]
-    ha, la, inv_a = f16_parts(a, k_axis_a)
-    hb, lb, inv_b = f16_parts(b, k_axis_b)
-    return (_lay_out((ha, la), "f16x3", "a", k, k_axis_a),
-            _lay_out((hb, lb), "f16x3", "b", k, k_axis_b), inv_a, inv_b)
+    (a2, inv_a), (b2, inv_b) = (operand_parts(a, "f16x3", "a", k_axis_a),
+                                operand_parts(b, "f16x3", "b", k_axis_b))
+    return a2, b2, inv_a, inv_b
 
 
 def f16x3_lo_k(k):
@@ -199,18 +206,14 @@ def f16x3_lo_k(k):
 
 def kmajor_parts(a, b, algo, transpose_a, transpose_b):
     """The parts of batched a and b (B, M, K) / (B, K, N), or transposed as flagged, made K-major
-    and laid side by side along K (concat_operands; f16x3: concat_scaled), K padded with zeros
-    to concat_k's 16-byte rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b).
-    The tcgemm_split kernel's specification (lowering.kernel_parts)."""
+    and laid side by side along K (operand_parts), K padded with zeros to concat_k's 16-byte
+    rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b). The tcgemm_split
+    kernel's specification (tests/test_split_gpu.py)."""
     a = jnp.swapaxes(a, 1, 2) if transpose_a else a
     b = b if transpose_b else jnp.swapaxes(b, 1, 2)
-    k = a.shape[2]
     if algo == "f16x3":
-        a, b, *scales = concat_scaled(a, b, 2, 2)
-    else:
-        (a, b), scales = concat_operands(a, b, algo, 2, 2), []
-    pad = ((0, 0), (0, 0), (0, concat_k(k, algo) - a.shape[2]))  # one pass: rows of 16 bytes
-    return (jnp.pad(a, pad), jnp.pad(b, pad), *scales)
+        return concat_scaled(a, b, 2, 2)
+    return concat_operands(a, b, algo, 2, 2)
 
 
 def concat_k(k, algo):

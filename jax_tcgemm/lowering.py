@@ -2,7 +2,7 @@
 lowering of tcgemm_p on operands the kernels read as they are, and f16x3, float32 HIGHEST on the
 promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes it here); the
 "tcgemm_split" call that writes a float32 operand's parts for every multi-pass algorithm
-(kernel_parts, f32.layout).
+(f32_parts, f32.layout).
 
 Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack),
 which epilogue operands follow a and b (c, bias, scale, row_scale, col_scale, block scales, in
@@ -90,7 +90,7 @@ def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta,
     from . import configs
     del precision
     k = dims(a.shape, b.shape, transpose_a, transpose_b)[3]
-    a2, b2, inv_a, inv_b = kernel_parts(a, b, "f16x3", transpose_a, transpose_b)
+    a2, b2, _, _, (inv_a, inv_b) = f32_parts(a, b, "f16x3", transpose_a, transpose_b)
     bt, m, n, kk, _ = dims(a2.shape, b2.shape, False, True)
     if plan is None:
         plan = configs.plan_f32(m, n, kk, bt, epilogue=True)
@@ -136,14 +136,39 @@ def split_operand(x, algo, role, k_major):
         top_exp=np.int32(f32.F16_TOP), lo_scale=np.float32(2.0 ** f32.F16_LO_SHIFT))
 
 
-def kernel_parts(a, b, algo, transpose_a, transpose_b):
-    """f32.kmajor_parts on the GPU: the parts of batched a and b (B, M, K) / (B, K, N), or
-    transposed as flagged, K-major and laid out along K' by one tcgemm_split call each:
-    (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b)."""
-    _ffi.require()
-    pa = split_operand(a, algo, "a", not transpose_a)
-    pb = split_operand(b, algo, "b", transpose_b)
-    return (pa[0], pb[0]) + ((pa[1], pb[1]) if algo == "f16x3" else ())
+# An operand of at least SPLIT_MIN_ELEMENTS elements is split by the tcgemm_split kernel;
+# a smaller one by f32.operand_parts's XLA ops, which XLA fuses into fewer launches than the
+# kernel's (f16x3: up to four per operand). H200, per product: 1024^3 HIGHEST 58.9 us with XLA's
+# ops against 72.0 with the kernel, BF16x3 43.0 against 55.4; 2048^3 175.7 against 172.8 and
+# 121.4 against 118.1; 8192^3 0.5-1.4 ms less with the kernel (benchmarks/NOTES.md v54).
+SPLIT_MIN_ELEMENTS = 1 << 22
+
+
+def f32_parts(a, b, algo, transpose_a, transpose_b, keep_layout=False,
+              min_elements=None):
+    """The parts of float32 a and b for algorithm `algo` (batched (B, M, K) / (B, K, N), or
+    transposed as flagged), laid out along K' (f32.layout): (a', b', transpose_a',
+    transpose_b', scales), scales f16x3's [inv_a (B, M), inv_b (B, N)] or []. Each operand
+    is split by the tcgemm_split kernel (K-major result) if it has at least `min_elements`
+    (default SPLIT_MIN_ELEMENTS) elements, else by f32.operand_parts (XLA ops; K-major too,
+    but in its own layout with keep_layout: the bfloat16 kernels read both). Either way the
+    same parts, bit for bit."""
+    limit = SPLIT_MIN_ELEMENTS if min_elements is None else min_elements
+
+    def one(x, role, k_major):  # -> (parts, K-major, f16x3's inv or None)
+        if x.size >= limit:
+            _ffi.require()
+            res = split_operand(x, algo, role, k_major)
+            return res[0], True, res[1] if algo == "f16x3" else None
+        if not k_major and not keep_layout:
+            x, k_major = jnp.swapaxes(x, 1, 2), True
+        res = f32.operand_parts(x, algo, role, 2 if k_major else 1)
+        parts, inv = res if algo == "f16x3" else (res, None)
+        return parts, k_major, inv
+
+    pa, ka, inv_a = one(a, "a", not transpose_a)
+    pb, kb, inv_b = one(b, "b", transpose_b)
+    return pa, pb, not ka, kb, ([inv_a, inv_b] if algo == "f16x3" else [])
 
 
 def f16x3_lowering(ctx, *args, **params):

@@ -170,9 +170,9 @@ _TF32_PASS = lax.DotAlgorithmPreset.TF32_TF32_F32
 def _f32_lowering(ctx, *args, **params):
     """float32 operands on CUDA, by their precision's algorithm (problem.f32_algorithm). On
     compute capability 9.0 the multi-pass algorithms are one product of the operands' parts
-    side by side along K (f32.layout, written by the tcgemm_split kernel in front of the call:
-    lowering.kernel_parts; f16x3: lowering.f16x3_product, which scales them back in the
-    epilogue); one TF32 pass is
+    side by side along K (f32.layout; lowering.f32_parts: by the tcgemm_split kernel in front
+    of the call, or XLA ops for small operands; f16x3: lowering.f16x3_product, which scales
+    them back in the epilogue); one TF32 pass is
     XLA's (problem.F32_ON_KERNELS says why) unless a config is forced, then it is the FFI call
     (K-major operands with K % 4 == 0 as they are, others made so). lax computes the
     algorithms our kernels lack, and all on other GPUs (XLA's TF32 / presets: one contract)."""
@@ -198,13 +198,14 @@ def _f32_lowering(ctx, *args, **params):
 
 
 def _f32_product(a, b, *rest, algo, transpose_a, transpose_b, precision, **params):
-    """tcgemm_p on the parts of float32 a and b for algorithm `algo`, K-major, laid out along
-    K' by the tcgemm_split kernel (lowering.kernel_parts; f32.layout): TF32 parts as one TF32
-    pass of our kernel (planned here unless forced), bfloat16 parts as a bfloat16 product."""
-    a, b = lowering.kernel_parts(a, b, algo, transpose_a, transpose_b)
-    if not algo.startswith("tf32"):
-        return tcgemm_p.bind(a, b, *rest, transpose_a=False, transpose_b=True,
-                             precision=precision, **params)
+    """tcgemm_p on the parts of float32 a and b for algorithm `algo`, laid out along K'
+    (lowering.f32_parts; f32.layout): TF32 parts K-major as one TF32 pass of our kernel
+    (planned here unless forced), bfloat16 parts as a bfloat16 product."""
+    bf16 = not algo.startswith("tf32")
+    a, b, ta, tb, _ = lowering.f32_parts(a, b, algo, transpose_a, transpose_b, keep_layout=bf16)
+    if bf16:
+        return tcgemm_p.bind(a, b, *rest, transpose_a=ta, transpose_b=tb, precision=precision,
+                             **params)
     from . import configs
     plan = params.pop("plan")
     if plan is None:

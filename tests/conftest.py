@@ -273,3 +273,17 @@ def poisoned_twice(fn, *args):
     outs = [np.asarray(x) for x in outs]
     same = [np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(first, outs)]
     return outs, same, sum(bool(f) for f in flags)
+
+
+@pytest.fixture
+def split_threshold(monkeypatch):
+    """set(n): float32 operands of n elements or more split by the tcgemm_split kernel in the
+    lowerings that follow (lowering.SPLIT_MIN_ELEMENTS; jax's lowering caches cleared on each
+    change and at the end, so that no test sees another's lowering)."""
+    from jax_tcgemm import lowering
+
+    def set_(n):
+        monkeypatch.setattr(lowering, "SPLIT_MIN_ELEMENTS", n)
+        jax.clear_caches()
+    yield set_
+    jax.clear_caches()  # (before monkeypatch restores the threshold)

@@ -139,7 +139,7 @@ def test_export_for_cuda_runs_on_gpu(out_dtype):
     assert_close(out, ref64(a, b), out_dtype, 70, "exported cuda")
 
 
-def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
+def test_export_float32_for_cuda(cuda_lowering, monkeypatch, split_threshold):
     """float32 exports as the lowering for an H100 makes it (configs.device_arch at export
     time): HIGHEST as one call of the promoted float16 kernels on the f16x3 parts (K-major,
     float16, row and column scales; the remainders' two terms padded to f16x3_lo_k = 128, whose
@@ -147,6 +147,7 @@ def test_export_float32_for_cuda(cuda_lowering, monkeypatch):
     per operand (a K-major, b transposed by it), and its gradient likewise; one TF32 pass
     (DEFAULT) as XLA's dot."""
     monkeypatch.setattr(configs, "device_arch", lambda: (9, 0))
+    split_threshold(0)  # these small operands on the kernel
     S = jax.ShapeDtypeStruct
     a, b = S((5, 40), F32), S((40, 24), F32)
     text = round_trip(export_cuda(partial(tg.matmul, precision="highest"), a, b)).mlir_module()

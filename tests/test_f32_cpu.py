@@ -3,6 +3,7 @@ and the concatenated product each algorithm becomes (checked against float64 wit
 products standing in for the kernels), the CUDA lowering's choices (the module's text, lowered
 for CUDA on this machine as for an H100), and the primitive's params and transformations.
 Fresh random inputs per case."""
+import functools
 import re
 
 import jax
@@ -12,7 +13,7 @@ import pytest
 from jax import lax
 
 import jax_tcgemm as tg
-from jax_tcgemm import configs, f32, problem
+from jax_tcgemm import configs, f32, lowering, problem
 from jax_tcgemm.primitive import tcgemm
 from test_cpu import custom_calls, cuda_text, needs_module, prims
 
@@ -304,12 +305,20 @@ def test_lowering_one_pass_is_xla_unless_forced(h100):
     (PRESET.BF16_BF16_F32_X6, 6 * 258, "bf16"),  # bfloat16 parts on the bfloat16 kernels
     (PRESET.BF16_BF16_F32, 258, "bf16"),
 ])
-def test_lowering_parts(h100, precision, k_prime, elem):
+def test_lowering_parts(h100, split_threshold, precision, k_prime, elem):
     """One product of the parts, K-major (transpose_b), written by one tcgemm_split call per
     operand (a read (M, K), b read (K, N) as they are: no XLA transpose), whose attributes are
-    f32.layout's blocks and zero ranges for that operand."""
+    f32.layout's blocks and zero ranges for that operand; operands below
+    lowering.SPLIT_MIN_ELEMENTS split by XLA ops instead (no tcgemm_split call; the bfloat16
+    algorithms' parts then keep b's layout)."""
     a, b = jnp.ones((64, 258), jnp.float32), jnp.ones((258, 96), jnp.float32)
     f = lambda x, y: tg.matmul(x, y, precision=precision)  # noqa: E731
+    text = cuda_text(f, a, b)  # 64 x 258 and 258 x 96: below the kernel's threshold
+    assert "tcgemm_split" not in text
+    (call,) = custom_calls(text)
+    assert f"x{k_prime}x{elem}>" in call["line"]
+    assert call["transpose_b"] == ("false" if elem == "bf16" else "true")
+    split_threshold(64 * 258)  # a and b on the kernel
     calls = _calls(f, a, b)
     assert len(calls) == 1
     line = calls[0]["line"]
@@ -414,3 +423,37 @@ def test_layout_tiles_k_prime(algo):
                 assert part == mine and masked == (mine == 0 and other > 0)
             if algo == "f16x3":
                 assert blocks[2][0] == f32.f16x3_lo_k(k)
+
+
+@pytest.mark.parametrize("algo,bound", [("tf32", 2e-3), ("tf32x3", 2e-6), ("bf16", 1e-2),
+                                        ("bf16x3", 4e-5), ("bf16x6", 2e-6), ("f16x3", 2e-6)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["NN", "NT", "TN", "TT"])
+def test_f32_parts_layouts(algo, bound, ta, tb):
+    """lowering.f32_parts with its XLA ops (operands below SPLIT_MIN_ELEMENTS), batched a and a
+    shared b in every layout: the layout flags it returns (K-major both, or the operands' own
+    with keep_layout, as the bfloat16 algorithms ask) and parts whose product, as the kernels
+    sum it (f16x3: the remainders' terms times 2^-F16_LO_SHIFT, the powers of two undone), is
+    the float32 product within the algorithm's bound."""
+    bt, m, n, k = 2, 24, 20, 100
+    a = np.stack([rand(100 + i, (k, m) if ta else (m, k)) for i in range(bt)])
+    b = rand(99, (n, k) if tb else (k, n))[None]
+    keep = algo.startswith("bf16")
+    fn = functools.partial(lowering.f32_parts, algo=algo, transpose_a=ta, transpose_b=tb,
+                           keep_layout=keep, min_elements=1 << 62)
+    pa, pb, ta2, tb2, scales = jax.jit(fn)(a, b)
+    assert (ta2, tb2) == ((ta, tb) if keep else (False, True))
+    pa, pb = np.asarray(pa, np.float64), np.asarray(pb, np.float64)
+    pa = np.swapaxes(pa, 1, 2) if ta2 else pa  # (B, M, K')
+    pb = np.swapaxes(pb, 1, 2) if tb2 else pb  # (1, K', N)
+    if algo == "f16x3":
+        lk = f32.f16x3_lo_k(k)
+        got = pa[..., :lk] @ pb[:, :lk] * 2.0 ** -f32.F16_LO_SHIFT + pa[..., lk:] @ pb[:, lk:]
+        got *= (np.asarray(scales[0], np.float64)[:, :, None] *
+                np.asarray(scales[1], np.float64)[:, None, :])
+    else:
+        got = pa @ pb
+    a64 = np.swapaxes(a, 1, 2) if ta else a
+    b64 = np.swapaxes(b, 1, 2) if tb else b
+    want = a64.astype(np.float64) @ b64.astype(np.float64)
+    assert np.linalg.norm(got - want) <= bound * np.linalg.norm(want)

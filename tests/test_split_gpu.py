@@ -1,4 +1,4 @@
-"""GPU tests of the tcgemm_split kernel (lowering.kernel_parts): the parts of float32 operands
+"""GPU tests of the tcgemm_split kernel (lowering.f32_parts): the parts of float32 operands
 that the multi-pass float32 algorithms multiply, K-major and laid out along K' (f32.layout),
 bit for bit the parts of their specification, f32.kmajor_parts (XLA ops), on the same GPU.
 
@@ -8,8 +8,9 @@ and a shared b (batch 1), shapes that are not multiples of the kernel's 32 x 64 
 multiple of 4 (concat_k's padding) or of 64 (f16x3_lo_k's), and data with infinities, NaNs,
 float32 subnormals, values near float32's largest, rows of zeros and rows 2^+-60 apart (f16x3's
 powers of two). Each layout runs twice with different data in one jitted function, so that a
-column the kernel never writes would show the other call's values. NaNs compare as NaNs (their
-payloads are not part of the contract)."""
+column the kernel never writes would show the other call's values; the larger operand also
+through the kernel beside the smaller one through the XLA ops (lowering.SPLIT_MIN_ELEMENTS
+between their sizes). NaNs compare as NaNs (their payloads are not part of the contract)."""
 from __future__ import annotations
 
 import functools
@@ -67,20 +68,25 @@ def test_kernel_parts_bit_exact(algo, ta, tb):
         shape_a = (bt, k, m) if ta else (bt, m, k)
         shape_b = (1, n, k) if tb else (1, k, n)  # a shared b
 
-        @jax.jit
-        def both(a1, b1, a2, b2):
-            run = functools.partial(lowering.kernel_parts, algo=algo, transpose_a=ta,
-                                    transpose_b=tb)
-            spec = functools.partial(f32.kmajor_parts, algo=algo, transpose_a=ta,
-                                     transpose_b=tb)
-            return run(a1, b1), spec(a1, b1), run(a2, b2), spec(a2, b2)
-
         args = [_data((s, i), sh) for i, sh in enumerate((shape_a, shape_b) * 2)]
-        got1, want1, got2, want2 = both(*args)
-        for g, w, what in [(got1, want1, 1), (got2, want2, 2)]:
-            assert len(g) == len(w) == (4 if algo == "f16x3" else 2)
-            for i, (gi, wi) in enumerate(zip(g, w)):
-                _same(gi, wi, (algo, bt, m, n, k, what, i))
+        mixed = max(args[0].size, args[1].size)  # the larger operand on the kernel only
+        for limit in (0, mixed):
+            @jax.jit
+            def both(a1, b1, a2, b2):
+                def run(a, b):
+                    pa, pb, ta2, tb2, scales = lowering.f32_parts(a, b, algo, ta, tb,
+                                                                  min_elements=limit)
+                    assert (ta2, tb2) == (False, True)  # K-major both
+                    return (pa, pb, *scales)
+                spec = functools.partial(f32.kmajor_parts, algo=algo, transpose_a=ta,
+                                         transpose_b=tb)
+                return run(a1, b1), spec(a1, b1), run(a2, b2), spec(a2, b2)
+
+            got1, want1, got2, want2 = both(*args)
+            for g, w, what in [(got1, want1, 1), (got2, want2, 2)]:
+                assert len(g) == len(w) == (4 if algo == "f16x3" else 2)
+                for i, (gi, wi) in enumerate(zip(g, w)):
+                    _same(gi, wi, (algo, bt, m, n, k, limit, what, i))
 
 
 def test_bad_layout_is_an_error():
