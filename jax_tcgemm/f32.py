@@ -12,7 +12,7 @@ algorithm's pairs (i, j), smaller terms first), e.g. 3xTF32:
 
 TF32 parts stay float32 (the TF32 kernels read float32 and use its 10 high mantissa bits: the
 parts are rounded to exactly those); bfloat16 parts run on the bfloat16 kernels; f16x3's
-float16 parts of rows scaled by powers of two (f16_parts, concat_scaled) on the float16 kernels
+float16 parts of rows scaled by powers of two (f16_parts, operand_parts) on the float16 kernels
 that sum each 128 of K apart, the powers of two undone by the epilogue's row and column scales.
 Splitting rounds to nearest, so each part is the operand's best approximation at that width
 and the remainder is exact in float32 (Markidis et al., "NVIDIA Tensor Core Programmability,
@@ -122,7 +122,7 @@ def _pow2(e):
 
 def layout(algo, role, k):
     """Where the parts of operand `role` ("a" or "b") of a product over K go along K' (the one
-    rule of concat_operands, concat_scaled and the tcgemm_split kernel, lowering.split_operand):
+    rule of operand_parts and of the tcgemm_split kernel, lowering.split_operand):
     (blocks, zeros, K'): blocks[t] = (offset, part, masked) for term t of TERMS[algo], part 0
     the biggest; masked: a big part that meets the other operand's remainder, its non-finite
     values zeroed (only the product of the two big parts sees them: inf x a remainder of 0
@@ -135,7 +135,7 @@ def layout(algo, role, k):
     if algo == "f16x3":  # the big parts' term after the remainders', at f16x3_lo_k
         blocks[2] = (f16x3_lo_k(k),) + blocks[2][1:]
     kk, zeros, at = concat_k(k, algo), [], 0
-    for offset, _, _ in sorted(blocks) + [(concat_k(k, algo), 0, False)]:
+    for offset, _, _ in sorted(blocks) + [(kk, 0, False)]:
         if offset > at:
             zeros.append((at, offset))
         at = offset + k
@@ -168,8 +168,11 @@ def _lay_out(ps, algo, role, k, axis):
 
 def operand_parts(x, algo, role, k_axis):
     """One operand's parts (role "a" or "b") side by side along its K axis as layout places
-    them, K' = concat_k; f16x3: (x', inv), inv its powers of two's inverses (f16_parts) with
-    k_axis dropped. What one tcgemm_split call computes (lowering.split_operand)."""
+    them, K' = concat_k, so that a' @ b' is the algorithm's sum; f16x3: (x', inv), inv its
+    powers of two's inverses (f16_parts) with k_axis dropped (a's per row, b's per column), and
+    with L = f16x3_lo_k(K)
+    inv_a[..., m] * (2^-F16_LO_SHIFT a'[:L] @ b'[:L] + a'[L:] @ b'[L:])[..., m, n] * inv_b[..., n]
+    is the product. What one tcgemm_split call computes (lowering.split_operand)."""
     k = x.shape[k_axis]
     if algo == "f16x3":
         hi, lo, inv = f16_parts(x, k_axis)
@@ -180,45 +183,15 @@ def operand_parts(x, algo, role, k_axis):
     return _lay_out(ps, algo, role, k, k_axis)
 
 
-def concat_operands(a, b, algo, k_axis_a, k_axis_b):
-    """(a', b'): the parts of a and b side by side along their K axes, one block of K per
-    product of TERMS[algo] (layout), so that a' @ b' is the algorithm's sum."""
-    return operand_parts(a, algo, "a", k_axis_a), operand_parts(b, algo, "b", k_axis_b)
-
-
-def concat_scaled(a, b, k_axis_a, k_axis_b):
-    """f16x3's (a', b', inv_a, inv_b): f16_parts of a and b side by side along their K axes
-    (layout: the two terms with a remainder first, padded with zeros to f16x3_lo_k(K), then the
-    big parts' term, padded to concat_k); and the powers of two that scale the product back
-    (a's per row, b's per column): with L = f16x3_lo_k(K),
-    inv_a[..., m] * (2^-F16_LO_SHIFT a'[:L] @ b'[:L] + a'[L:] @ b'[L:])[..., m, n] * inv_b[..., n]
-    is the product."""
-    (a2, inv_a), (b2, inv_b) = (operand_parts(a, "f16x3", "a", k_axis_a),
-                                operand_parts(b, "f16x3", "b", k_axis_b))
-    return a2, b2, inv_a, inv_b
-
-
 def f16x3_lo_k(k):
-    """Where f16x3's big-part term starts along K' for a product over K (concat_scaled): the
+    """Where f16x3's big-part term starts along K' for a product over K (layout): the
     pieces before it are scaled by 2^-F16_LO_SHIFT (GemmParams::piece_scale_k)."""
     return -(-2 * k // F16_LO_ALIGN) * F16_LO_ALIGN
 
 
-def kmajor_parts(a, b, algo, transpose_a, transpose_b):
-    """The parts of batched a and b (B, M, K) / (B, K, N), or transposed as flagged, made K-major
-    and laid side by side along K (operand_parts), K padded with zeros to concat_k's 16-byte
-    rows: (a' (B, M, K'), b' (B, N, K')), plus f16x3's (inv_a, inv_b). The tcgemm_split
-    kernel's specification (tests/test_split_gpu.py)."""
-    a = jnp.swapaxes(a, 1, 2) if transpose_a else a
-    b = b if transpose_b else jnp.swapaxes(b, 1, 2)
-    if algo == "f16x3":
-        return concat_scaled(a, b, 2, 2)
-    return concat_operands(a, b, algo, 2, 2)
-
-
 def concat_k(k, algo):
-    """K of the product an algorithm's parts make of a product over K (concat_operands,
-    concat_scaled): one block of K per term (f16x3: the first two padded to f16x3_lo_k), padded
+    """K of the product an algorithm's parts make of a product over K (layout, operand_parts):
+    one block of K per term (f16x3: the first two padded to f16x3_lo_k), padded
     for the TF32 and promoted float16 kernels to 16-byte rows (a multiple of 4, 8)."""
     kk = f16x3_lo_k(k) + k if algo == "f16x3" else k * len(TERMS[algo])
     row16 = {"tf32": 4, "tf32x3": 4, "f16x3": 8}.get(algo, 1)

@@ -82,7 +82,7 @@ def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta
 def f16x3_product(a, b, *rest, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
                   has_c, has_bias, has_scale, aux, plan, overwrite_c, precision):
     """tcgemm_p's results for float32 a and b by f16x3 (traced, lowered by mlir.lower_fun): the
-    operands made K-major, their float16 parts side by side along K (f32.concat_scaled, padded
+    operands made K-major, their float16 parts side by side along K (f32_parts, padded
     to 16-byte rows), one call of the promoted float16 kernels whose epilogue first scales the
     product back by the parts' powers of two (row and column scales), then runs the epilogue
     the params ask for. `plan`: forced, or configs.plan_f32's for K' (the same rows, the same K
@@ -120,7 +120,7 @@ def split_operand(x, algo, role, k_major):
     """The parts of float32 operand x of algorithm `algo` (f32.TERMS; role "a" or "b"), laid
     out along K' by the tcgemm_split kernel as f32.layout says: x (B, rows, K) if k_major, else
     (B, K, rows) -> (B, rows, K') of the parts' type, plus f16x3's (B, rows) float32 powers of
-    two that scale it back (f32.f16_parts's inv). Bit for bit f32.kmajor_parts's operand."""
+    two that scale it back (f32.f16_parts's inv). Bit for bit f32.operand_parts of x made K-major."""
     bt = x.shape[0]
     rows, k = (x.shape[1], x.shape[2]) if k_major else (x.shape[2], x.shape[1])
     blocks, zeros, kk = f32.layout(algo, role, k)

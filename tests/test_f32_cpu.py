@@ -144,13 +144,22 @@ def test_f16_parts():
     assert (lo_[6, :3] == 0).all()
 
 
+def both_parts(a, b, algo):
+    """f32.operand_parts of a (M, K) and b (K, N), under jit as in the lowering (XLA must not
+    fold the parts' conversions away): (a', b') [+ f16x3's (inv_a, inv_b)]."""
+    def f(a, b):
+        pa, pb = f32.operand_parts(a, algo, "a", 1), f32.operand_parts(b, algo, "b", 0)
+        return (*pa, *pb) if algo == "f16x3" else (pa, pb)
+    out = jax.jit(f)(a, b)
+    return (out[0], out[2], out[1], out[3]) if algo == "f16x3" else out
+
+
 def f16x3_emulated(a, b):
     """f16x3's product of a (M, K) and b (K, N) as the promoted kernels compute it, lax's float32
-    products standing in for their float32 sums: the parts (concat_scaled, under jit, as in
-    the lowering), the terms before f16x3_lo_k times 2^-F16_LO_SHIFT, the powers of two undone
+    products standing in for their float32 sums: the parts (both_parts), the terms before f16x3_lo_k times 2^-F16_LO_SHIFT, the powers of two undone
     (float64)."""
     k = a.shape[1]
-    ac, bc, ia, ib = jax.jit(f32.concat_scaled, static_argnums=(2, 3))(a, b, 1, 0)
+    ac, bc, ia, ib = both_parts(a, b, "f16x3")
     lk = f32.f16x3_lo_k(k)
     assert ac.dtype == bc.dtype == jnp.float16 and ac.shape == (a.shape[0], f32.concat_k(k, "f16x3"))
     assert lk % 64 == 0 and not np.asarray(ac[:, 2 * k:lk]).any()  # zeros up to the boundary
@@ -174,7 +183,7 @@ def test_infinities_meet_only_big_parts(algo):
     if algo == "f16x3":
         got = f16x3_emulated(a, b)
     else:
-        ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
+        ac, bc = both_parts(a, b, algo)
         got = np.asarray(jnp.dot(ac.astype(jnp.float32), bc.astype(jnp.float32),
                                  precision="highest"), np.float64)
     np.testing.assert_array_equal(got, want)
@@ -200,8 +209,7 @@ def test_concatenated_product_accuracy(algo, bound):
         assert (np.abs(product(a, b) - a64 @ b64) <= 2.0**-22 * norms).all()
         assert within_row_range_ok(product)
         return
-    # under jit, as in the lowering (XLA must not fold the parts' conversions away)
-    ac, bc = jax.jit(f32.concat_operands, static_argnums=(2, 3, 4))(a, b, algo, 1, 0)
+    ac, bc = both_parts(a, b, algo)
     assert ac.shape == (m, k * len(f32.TERMS[algo])) and bc.shape == (k * len(f32.TERMS[algo]), n)
     if algo.startswith("tf32"):  # the kernels read TF32: the parts are exactly TF32
         assert not (_bits(ac) & 0x1FFF).any() and not (_bits(bc) & 0x1FFF).any()

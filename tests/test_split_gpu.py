@@ -1,6 +1,7 @@
 """GPU tests of the tcgemm_split kernel (lowering.f32_parts): the parts of float32 operands
 that the multi-pass float32 algorithms multiply, K-major and laid out along K' (f32.layout),
-bit for bit the parts of their specification, f32.kmajor_parts (XLA ops), on the same GPU.
+bit for bit the parts of their specification, f32.operand_parts (XLA ops: f32_parts below its
+threshold), on the same GPU.
 
 Cases: every algorithm our kernels run (one TF32 or BF16 pass, 3xTF32, BF16x3/x6/x9, f16x3),
 both layouts of each operand (K-major read as is, the other transposed by the kernel), batch
@@ -20,11 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_tcgemm import _ffi, configs, f32, lowering
+from jax_tcgemm import _ffi, configs, lowering
 
 pytestmark = pytest.mark.gpu
 
 ALGOS = ["tf32", "tf32x3", "bf16", "bf16x3", "bf16x6", "bf16x9", "f16x3"]
+SPEC = 1 << 62  # f32_parts's min_elements: no operand on the kernel
 SHAPES = [(1, 1, 1, 1), (2, 33, 65, 1), (3, 100, 130, 77), (1, 257, 40, 1029), (2, 64, 96, 2048)]
 
 
@@ -73,13 +75,13 @@ def test_kernel_parts_bit_exact(algo, ta, tb):
         for limit in (0, mixed):
             @jax.jit
             def both(a1, b1, a2, b2):
-                def run(a, b):
-                    pa, pb, ta2, tb2, scales = lowering.f32_parts(a, b, algo, ta, tb,
-                                                                  min_elements=limit)
+                def parts(a, b, min_elements):
+                    pa, pb, ta2, tb2, scales = lowering.f32_parts(
+                        a, b, algo, ta, tb, min_elements=min_elements)
                     assert (ta2, tb2) == (False, True)  # K-major both
                     return (pa, pb, *scales)
-                spec = functools.partial(f32.kmajor_parts, algo=algo, transpose_a=ta,
-                                         transpose_b=tb)
+                run = functools.partial(parts, min_elements=limit)
+                spec = functools.partial(parts, min_elements=SPEC)  # XLA's ops for both
                 return run(a1, b1), spec(a1, b1), run(a2, b2), spec(a2, b2)
 
             got1, want1, got2, want2 = both(*args)

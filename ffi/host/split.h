@@ -8,8 +8,6 @@
 
 #include <cstdint>
 
-#include "host/gemm_params.h"
-
 namespace tcgemm {
 
 // How an element splits (f32.parts / f32.f16_parts): kTf32, parts rounded to TF32 (one part:
@@ -22,8 +20,7 @@ constexpr int kMaxSplitZeros = 10;  // zero ranges: one before, between or after
 
 struct SplitJob {
   const float* x;   // (batch, rows, k) if k_major, else (batch, k, rows)
-  void* out;        // (batch, rows, kk) of out_type
-  DType out_type;   // kF32 (kTf32), kBF16 (kBf16), kF16 (kF16Scaled)
+  void* out;        // (batch, rows, kk): float32 (kTf32), bfloat16 (kBf16), float16 (kF16Scaled)
   float* inv;       // kF16Scaled: (batch, rows), 1 / the row's power of two; else nullptr
   int64_t batch, rows, k, kk;
   bool k_major;

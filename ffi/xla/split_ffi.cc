@@ -58,7 +58,6 @@ ffi::Error SplitImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingRets r
     return Invalid(std::string("split: the parts must be ") + DtypeName(want) +
                    " (batch, rows, K'): " + shapes());
   j.out = out.value()->untyped_data();
-  j.out_type = *ToDType(want);
   j.kk = od[2];
   if (scaled) {
     auto inv = rets.get<ffi::AnyBuffer>(1);
@@ -97,16 +96,15 @@ ffi::Error SplitImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingRets r
     if (zeros[2 * i + 1] > zeros[2 * i]) spans.emplace_back(zeros[2 * i], zeros[2 * i + 1]);
   }
   std::sort(spans.begin(), spans.end());
-  int64_t at = 0;
+  int64_t at = 0;  // each span must start where the last ended: no gap, overlap or overhang
+  bool tiled = true;
   for (const auto& [begin, end] : spans) {
-    if (begin != at) break;
+    tiled = tiled && begin == at;
     at = end;
   }
-  if (at != j.kk || (!spans.empty() && spans.back().second != j.kk) ||
-      std::any_of(spans.begin(), spans.end(), [](const auto& s) { return s.first < 0; }))
+  if (!tiled || at != j.kk)
     return Invalid("split: the layout's blocks and zero ranges do not tile K' = " +
                    std::to_string(j.kk) + " exactly: " + shapes());
-  if (j.k > 0 && (j.k + 63) / 64 > INT32_MAX) return Invalid("split: too large: " + shapes());
   if (cudaError_t e = LaunchSplit(j, stream); e != cudaSuccess)
     return ffi::Error::Internal(std::string("tcgemm split launch: ") + cudaGetErrorString(e));
   return ffi::Error::Success();
