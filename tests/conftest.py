@@ -10,6 +10,7 @@
   and their derivatives in float64), `rel_err` (relative Frobenius error), `BOUNDS` / `bound`
   (per-output-dtype error bounds, DESIGN §7). All run on the CPU. `poisoned` /
   `poisoned_twice`: outputs written into donated NaN-filled buffers (any backend).
+* Pins the CPU test modules (`*_cpu`, test_sharding) to the CPU device on any machine.
 """
 from __future__ import annotations
 
@@ -58,6 +59,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+# Modules of CPU tests (named *_cpu, and test_sharding's CPU meshes) test the CPU contract:
+# lax's numbers on the host platform. On a GPU machine the default device is a GPU, where the
+# same calls run our kernels (TF32 / f16x3 float32, fp8 wgmma), and XLA itself differs (it
+# folds the stock Flax fp8 op's float32 -> fp8 -> float32 converts away on a GPU). So their
+# tests run on the host's CPU device wherever they run; the GPU numbers are the gpu tests'.
+CPU_MODULES = ("test_sharding",)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_contract(request):
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    if name.endswith("_cpu") or name in CPU_MODULES:
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    else:
+        yield
 
 
 def pytest_runtest_setup(item):
