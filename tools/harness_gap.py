@@ -1,0 +1,132 @@
+"""Where a two-sided bench row's harness time goes (``python tools/harness_gap.py ROW ...``,
+ROW an f32 or lowp row name, e.g. f32_bf16x3_8192 lowp_fp8_8192).
+
+For each row and side (tcgemm, jnp), in the bench harness (bench_suites.first_two_sides: R
+products per call, optimization_barrier each):
+  * the harness's median wall time per product (timing.time_fns, two rounds);
+  * the GPU timeline of one call under jax.profiler, right after (hot) and after a pause
+    (cool): busy time and span per product, and the kernels that take the most;
+  * wall time per call blocking on every call (as the harness does) against 9 calls dispatched
+    back to back with one block at the end (what blocking exposes of each call's dispatch),
+    and the timeline of 3 consecutive blocking calls (their span, the idle gaps between them);
+  * nvidia-smi's SM clock, power and throttle reasons, sampled every 100 ms during 3 s of the
+    tcgemm side back to back (0x4: the software power cap).
+Not a unit test; a measuring tool for benchmarks/NOTES.md (v55-v56 ran its two halves)."""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+
+from jax_tcgemm import bench_f32, bench_lowp, bench_suites, timing
+
+
+def _device_kernels(f, args, calls: int = 1) -> list:
+    """(start us, duration us, name) of the GPU kernels of `calls` blocking calls f(*args)."""
+    d = tempfile.mkdtemp(prefix="harness_gap_")
+    try:
+        with jax.profiler.trace(d):
+            for _ in range(calls):
+                jax.block_until_ready(f(*args))
+        paths = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
+        ev = json.load(gzip.open(paths[0])) if paths else []
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    procs = {e["pid"]: e["args"]["name"] for e in ev
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ks = {(e["ts"], e["dur"], e["name"]) for e in ev
+          if e.get("ph") == "X" and procs.get(e["pid"], "").startswith("/device")}
+    return sorted(ks)
+
+
+def timeline(f, args, r: int, top: int = 4) -> str:
+    ks = _device_kernels(f, args)
+    if not ks:
+        return "no GPU kernels in the trace"
+    busy = sum(k[1] for k in ks)
+    span = ks[-1][0] + ks[-1][1] - ks[0][0]
+    per: dict = {}
+    for _, dur, name in ks:
+        per.setdefault(name[:80], []).append(dur)
+    s = f"{len(ks)} kernels, busy {busy / r / 1e3:.3f} ms/product, span {span / r / 1e3:.3f}"
+    for name, d in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        s += f"\n      {sum(d) / r:9.1f} us/product x{len(d)} med {statistics.median(d):.1f}  {name}"
+    return s
+
+
+def calls_timeline(f, args, n: int = 3) -> str:
+    ks = _device_kernels(f, args, n)
+    if len(ks) < 2:
+        return "no GPU kernels in the trace"
+    gaps = sorted(ks[i + 1][0] - ks[i][0] - ks[i][1] for i in range(len(ks) - 1))
+    span = ks[-1][0] + ks[-1][1] - ks[0][0]
+    return (f"{len(ks)} kernels, span {span / 1e3:.3f} ms, busy "
+            f"{sum(k[1] for k in ks) / 1e3:.3f}, largest gaps (us) "
+            f"{[round(g, 1) for g in gaps[-(n - 1):]]}")
+
+
+def smi_during(fn, args, seconds: float = 3.0) -> str:
+    try:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
+                                "clocks_throttle_reasons.active", "--format=csv,noheader",
+                                "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    except OSError as e:
+        return f"no nvidia-smi ({e})"
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        jax.block_until_ready(fn(*args))
+    smi.terminate()
+    lines = smi.stdout.read().strip().split("\n")
+    return f"{len(lines)} samples: " + "; ".join(sorted(set(lines))[:12])
+
+
+def run(name: str) -> None:
+    mod = bench_lowp if name.startswith("lowp") else bench_f32
+    case = next((c for c in mod.cases() if c.name == name), None)
+    if case is None:
+        print(f"{name}: no such row in the f32 / lowp suites", flush=True)
+        return
+    r, a, sh, fns, _, _ = bench_suites.first_two_sides(case, mod.ops(case), mod.operands, None,
+                                                        True, 8)
+    args = (a, *sh)
+    for rnd in range(2):
+        med = timing.medians(timing.time_fns(fns, args, 7))
+        print(f"{name} R={r} harness round {rnd}: "
+              + ", ".join(f"{s} {m / r * 1e3:.3f} ms/product" for s, m in med.items()), flush=True)
+    for side, f in fns.items():
+        print(f"  hot {side}: {timeline(f, args, r)}", flush=True)
+    time.sleep(3)
+    for side, f in fns.items():
+        time.sleep(2)
+        print(f"  cool {side}: {timeline(f, args, r)}", flush=True)
+    for side, f in fns.items():
+        ws = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            ws.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        outs = [f(*args) for _ in range(9)]
+        jax.block_until_ready(outs)
+        del outs
+        pipe = (time.perf_counter() - t0) / 9
+        print(f"  {side}: blocking call median {statistics.median(ws) * 1e3:.3f} ms (min "
+              f"{min(ws) * 1e3:.3f}), dispatched back to back {pipe * 1e3:.3f} ms per call; "
+              f"3 blocking calls: {calls_timeline(f, args)}", flush=True)
+    print(f"  nvidia-smi during 3 s of tcgemm: {smi_during(fns['tcgemm'], args)}", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for row in sys.argv[1:]:
+        run(row)
