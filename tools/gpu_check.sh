@@ -2,7 +2,9 @@
 # One call on the GPU machine: build, kernel self-test, GPU tests, benchmark. Logs under $OUT.
 #   usage: tools/gpu_check.sh [bench args...]      (default bench args: --quick)
 #   env: TCGEMM_WHEEL=path.whl installs that wheel instead of building; TESTS="tests/a.py ..."
-#        picks the GPU tests; SKIP_SELFTEST=1 skips the standalone kernel self-test.
+#        picks the test files; MARK="" runs every test of them, the CPU modules included (they
+#        run on the CPU device: tests/conftest.py), not only `-m gpu` (the default MARK=gpu);
+#        SKIP_SELFTEST=1 skips the standalone kernel self-test.
 # The GPU machine is offline: the build uses what its python3 already has.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,7 +54,8 @@ fi
 echo "== GPU tests"
 # TESTS: test files or node ids relative to the repository (default: all of tests/)
 read -r -a tests <<<"${TESTS:-tests}"
-python3 -m pytest "${tests[@]/#/$REPO/}" -q -p no:cacheprovider -m gpu -rs 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+MARK=${MARK-gpu}
+python3 -m pytest "${tests[@]/#/$REPO/}" -q -p no:cacheprovider ${MARK:+-m "$MARK"} -rs 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== benchmark"
