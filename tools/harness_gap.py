@@ -14,38 +14,21 @@ products per call, optimization_barrier each):
 Not a unit test; a measuring tool for benchmarks/NOTES.md (v55-v56 ran its two halves)."""
 from __future__ import annotations
 
-import glob
-import gzip
-import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import jax
 
+from harness_trace import device_kernels, trace_events  # tools/ (this script's directory)
 from jax_tcgemm import bench_f32, bench_lowp, bench_suites, timing
 
 
 def _device_kernels(f, args, calls: int = 1) -> list:
     """(start us, duration us, name) of the GPU kernels of `calls` blocking calls f(*args)."""
-    d = tempfile.mkdtemp(prefix="harness_gap_")
-    try:
-        with jax.profiler.trace(d):
-            for _ in range(calls):
-                jax.block_until_ready(f(*args))
-        paths = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
-        ev = json.load(gzip.open(paths[0])) if paths else []
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-    procs = {e["pid"]: e["args"]["name"] for e in ev
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    ks = {(e["ts"], e["dur"], e["name"]) for e in ev
-          if e.get("ph") == "X" and procs.get(e["pid"], "").startswith("/device")}
-    return sorted(ks)
+    return sorted({(e["ts"], e["dur"], e["name"])
+                   for e in device_kernels(*trace_events(f, args, calls))})
 
 
 def timeline(f, args, r: int, top: int = 4) -> str:

@@ -46,22 +46,37 @@ def host_summary(ev, procs, first_kernel_ts, top: int) -> str:
     return "\n".join(lines)
 
 
-def gpu_timeline(f, args, top: int = 0) -> str:
+def trace_events(f, args, calls: int = 1):
+    """The profiler's trace events of `calls` blocking calls f(*args), and its process names
+    {pid: name}; ([], {}) when no trace was written."""
     d = tempfile.mkdtemp(prefix="harness_trace_")
     try:
         with jax.profiler.trace(d, create_perfetto_trace=True):
-            jax.block_until_ready(f(*args))
+            for _ in range(calls):
+                jax.block_until_ready(f(*args))
         paths = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
         if not paths:
-            return "no profiler trace written"
+            return [], {}
         ev = json.load(gzip.open(paths[0]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     ev = ev["traceEvents"] if isinstance(ev, dict) else ev
     procs = {e["pid"]: e["args"]["name"] for e in ev
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    kern = sorted((e for e in ev if e.get("ph") == "X"
+    return ev, procs
+
+
+def device_kernels(ev, procs) -> list:
+    """The GPU kernels of trace_events' events, by start time."""
+    return sorted((e for e in ev if e.get("ph") == "X"
                    and procs.get(e["pid"], "").startswith("/device")), key=lambda e: e["ts"])
+
+
+def gpu_timeline(f, args, top: int = 0) -> str:
+    ev, procs = trace_events(f, args)
+    if not ev:
+        return "no profiler trace written"
+    kern = device_kernels(ev, procs)
     if len(kern) < 2:
         return f"{len(kern)} GPU events (is CUPTI available?)"
     ends = [e["ts"] + e["dur"] for e in kern]
