@@ -128,6 +128,7 @@ def split_operand(x, algo, role, k_major):
     dtype = {"tf32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}[kind]
     results = [jax.ShapeDtypeStruct((bt, rows, kk), dtype)]
     results += [jax.ShapeDtypeStruct((bt, rows), jnp.float32)] if kind == "f16" else []
+    # zeros: (begin, end) pairs, never a zero-length attribute: [K', K') stands for none
     return jax.ffi.ffi_call(_ffi.SPLIT_TARGET, results)(
         x, kind=np.int32(_SPLIT_KINDS[kind]), k_major=bool(k_major),
         offsets=np.array([o for o, _, _ in blocks], np.int64),
