@@ -132,6 +132,15 @@ _OVERLAP = 0.5   # the shorter of memory and compute time that is not hidden und
 # (128x256 744 / 768, 128x128 701 / 719); the constants were not refit, as a refit moved
 # skinny picks away from the measured best (v15 notes); the picks were checked in the bench.
 _PEAK_SM90 = 780e12  # FLOP/s of wgmma on all SMs
+# 16-bit products (estimate's `refit`): L2 -> shared memory over all SMs for the sm90 rows' TMA
+# loads, and the rate of a 128x128 tile against 128x256's, refit to H200 harness timings (every
+# row forced on 15 plain shapes, 8192^3 class to 1000^3 and 3000^3 / 5000^3; then the picks that
+# moved, plain and fused, old against new: benchmarks/NOTES.md v58). 128x128 runs at 0.95-1.0 of
+# 128x256 on large shapes (the first fit's 0.78 predates v15's epilogue) and wins where its
+# tiles fill the last wave (3000^3: 576 tiles in 4.4 waves against 288 in 2.2). 8-bit and
+# float32 plans keep the first fit (_L2_BW, 0.78: not remeasured).
+_L2_BW_SM90 = 12e12
+_RATE_SM90_128X128 = 0.94
 _PIPE_FILL_SM90 = 3  # 64-wide k tiles of TMA prologue and epilogue per block
 # sm90 split-K: 2 us per slice past the first, fitted to harness timings of 128 x 4096^2 and
 # 16 x 4096^2 (every sm90 row, 1, 2 and 4 slices; H100, benchmarks/NOTES.md v15)
@@ -154,19 +163,21 @@ _RATE_FP8_ONLY = 1.04
 _RATE_BLOCK_LOADS = 0.83
 
 
-def _rate(c: Config, resident: int) -> float:
+def _rate(c: Config, resident: int, refit: bool = True) -> float:
     """Fraction of the peak (_PEAK; _PEAK_SM90 for sm90 rows) that SMs holding `resident`
     blocks of config c reach: smaller warp tiles move more shared memory per mma (64x64 warp
     tiles: 1, 32x32: about half), smaller block tiles more global and L2 traffic (128x128:
     0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s), fewer than 8 warps per SM hide less
-    latency. sm90 rows: 1.0 for 128x256 and 256x128, 0.78 for 128x128 (measured), 0.56 for
-    64x128; fp8-only rows _RATE_FP8_ONLY."""
+    latency. sm90 rows: 1.0 for 128x256 and 256x128, 0.78 for 128x128 (H100, single launches
+    before v15; `refit`: _RATE_SM90_128X128), 0.56 for 64x128; fp8-only rows _RATE_FP8_ONLY."""
     intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
     if c.pingpong:  # H100, 8192x16384x4096 bf16, harness: 0.91-1.02 of 128x256's rate (v32)
         return 0.97
     if c.fp8_only:
         return _RATE_FP8_ONLY
-    if c.kind == "sm90":  # H100, 8192^3 single launch: 128x128 reaches 0.78 of 128x256
+    if c.kind == "sm90":
+        if refit and c.bm * c.bn == 128 * 128:
+            return _RATE_SM90_128X128
         return 0.12 + 0.88 * min(1.0, intensity)
     warp_tile = (c.bm // c.warps_m) * (c.bn // c.warps_n)
     full = resident * c.warps_m * c.warps_n >= 8
@@ -179,7 +190,7 @@ def _rate(c: Config, resident: int) -> float:
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
              elem_bytes: int = 2, epilogue: bool = False,
-             block_scales: bool = False) -> tuple[float, float]:
+             block_scales: bool = False, refit: bool = True) -> tuple[float, float]:
     """Modelled seconds of config c with s K slices, and the GEMM part alone (the tie-break).
 
     Blocks (or clusters of the s slices) run in waves of the resident slots; a block walks
@@ -189,7 +200,9 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     pipeline fill, split-K always through the workspace (never a cluster), plus _SM90_SLICE
     per slice past the first, and a fused epilogue's time per tile (`epilogue`: _EPI_TILE_SM90;
     a ping-pong row hides all but a block's last).
-    The operands and C must also cross HBM once; memory and compute overlap only in part."""
+    The operands and C must also cross HBM once; memory and compute overlap only in part.
+    `refit`: the sm90 constants refit to 16-bit products (_L2_BW_SM90, _RATE_SM90_128X128);
+    8-bit and float32 plans (_plan_rows) pass False."""
     bps = blocks_per_sm(c)
     slots = _SMS * bps
     hopper = c.kind == "sm90"
@@ -203,10 +216,12 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     concurrent = min(blocks, slots)
     resident = min(bps, math.ceil(concurrent / _SMS))
     peak = _PEAK_SM90 if hopper else _PEAK
-    rate = _rate(c, resident) * (_RATE_BLOCK_LOADS if block_scales and not c.staged_scales else 1)
+    rate = _rate(c, resident, refit) * (_RATE_BLOCK_LOADS if block_scales and not c.staged_scales
+                                        else 1)
     t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * rate)
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
-    t_tile = max(t_mma, _LATENCY / (c.stages - 1), stage_bytes * concurrent / _L2_BW)
+    t_tile = max(t_mma, _LATENCY / (c.stages - 1),
+                 stage_bytes * concurrent / (_L2_BW_SM90 if hopper and refit else _L2_BW))
     # With two or more resident blocks per SM one block's prologue and epilogue overlap
     # another's main loop: half the fill is hidden.
     fill = (_PIPE_FILL_SM90 * 64 if hopper else _PIPE_FILL * 32) / c.bk
@@ -458,7 +473,7 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epil
         arch = device_arch()
     if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
         return None
-    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue, block_scales), i, s)
+    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue, block_scales, False), i, s)
                 for i, c in enumerate(CONFIGS) if has_kernels(c)
                 for s in split_counts(c)
                 if competes(c, s, m, n, k, batch, epilogue)), default=None)

@@ -309,6 +309,25 @@ def test_skinny_plans_on_hopper():
     assert configs.plan(16, 28672, 8192, arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
 
 
+@needs_module
+def test_refit_plans_on_hopper():
+    """The sm90 constants refit to 16-bit products on an H200 (benchmarks/NOTES.md v58): 128x128
+    where its tiles fill the last wave (3000^3 plain: 1.12x the 128x256 plan there, 2500 x 4096
+    x 11008 1.17x), 128x256 where they do not (4096^3, 6000^3); fused epilogues on the ping-pong
+    row from M = 256 up (256 x 11008 x 4096: 1.61x the sm80 128x256 plan). 8-bit and float32
+    plans keep the first fit."""
+    g2, g128, p2 = "sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2", "sm90_128x128x64_s6_p2"
+    assert configs.plan(3000, 3000, 3000, arch=(9, 0)) == (g128, 1)
+    assert configs.plan(2500, 4096, 11008, arch=(9, 0)) == (g128, 1)
+    assert configs.plan(4096, 4096, 4096, arch=(9, 0)) == (g2, 1)
+    assert configs.plan(6000, 6000, 6000, arch=(9, 0)) == (g2, 1)
+    assert configs.plan(256, 11008, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
+    assert configs.plan(1024, 4096, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
+    assert configs.plan_byte(128, 7168, 16384, "fp8", (9, 0), block_scales=True) == (g2, 4)
+    assert configs.plan_f32(128, 4096, 12288, arch=(9, 0), epilogue=True) == (
+        "sm90_64x128x64_s8_g1", 2)
+
+
 @pytest.mark.parametrize("m,n,k,batch", [(16, 4096, 4096, 1), (32, 4096, 4096, 1),
                                          (16, 28672, 8192, 1), (8, 8192, 28672, 1),
                                          (33, 4096, 4096, 1), (1000, 1000, 1000, 1),
