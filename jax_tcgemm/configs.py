@@ -306,12 +306,56 @@ def packed_ld(cols: int) -> int:
 
 def workspace_floats(m: int, n: int, k: int, batch: int, a_shared: bool, b_shared: bool,
                      transpose_a: bool, transpose_b: bool, config: str, split_k: int,
-                     pack: bool, operand_bytes: int = 2) -> int:
-    """float32 workspace of one call: split-K partials, then (with `pack`) the packed operand
-    copies (PlanWorkspace in C++, which the handler checks the workspace against), for
-    operands of `operand_bytes` bytes."""
+                     pack: bool, operand_bytes: int = 2, tail: tuple[int, int] = (0, 1)) -> int:
+    """float32 workspace of one call: split-K partials (a tail split's: its tail's), then
+    (with `pack`) the packed operand copies (PlanWorkspace in C++, which the handler checks the
+    workspace against), for operands of `operand_bytes` bytes."""
     return _module().workspace_floats(m, n, k, batch, a_shared, b_shared, transpose_a,
-                                      transpose_b, config, split_k, pack, operand_bytes)
+                                      transpose_b, config, split_k, pack, operand_bytes, *tail)
+
+
+# A tail split (GemmProblem::tail_rows in C++): a 16-bit product on an sm90 row whose tiles
+# leave the last wave at most TAIL_MAX_FILL full runs its head rows (whole waves of tiles) in
+# one launch and its last rows in TAIL_SPLITS slices through the workspace, so that those tiles
+# fill the SMs the last wave left idle (3000^3 on 128x256: 288 tiles, 2.2 waves run as 3),
+# where the cost model says the two parts take less time than the whole (the tail's slices pay
+# the workspace pass and the reduction).
+TAIL_MAX_FILL = 0.5
+TAIL_SPLITS = (2, 3, 4, 6, 8)
+
+
+def _tail(c: Config, m: int, n: int, k: int, batch: int = 1, epilogue: bool = False
+          ) -> tuple[float, int, int]:
+    """(modelled seconds, tail_rows, tail_split) of config c in one slice with its best tail
+    split, or its whole time with (0, 1) where none pays."""
+    whole = estimate(c, 1, m, n, k, batch, epilogue=epilogue)[0]
+    tiles_m, tiles_n = math.ceil(m / c.bm), math.ceil(n / c.bn)
+    waves = tiles_m * tiles_n / _SMS
+    if c.kind != "sm90" or c.fp8_only or batch != 1 or waves <= 1 or \
+            waves - math.floor(waves) > TAIL_MAX_FILL:
+        return whole, 0, 1
+    head_tm = math.floor(waves) * _SMS // tiles_n  # whole tile rows of the full waves
+    tail = m - head_tm * c.bm
+    if head_tm <= 0 or tail <= 0:
+        return whole, 0, 1
+    head = estimate(c, 1, m - tail, n, k, batch, epilogue=epilogue)[0]
+    best = (whole, 0, 1)
+    for s in TAIL_SPLITS:
+        if k // s < _MIN_K_PER_SPLIT:
+            break
+        t = head + estimate(c, s, tail, n, k, batch, epilogue=epilogue)[0]
+        if t < best[0]:
+            best = (t, tail, s)
+    return best
+
+
+def tail_plan(config: str, split_k: int, m: int, n: int, k: int, batch: int = 1,
+              epilogue: bool = False) -> tuple[int, int]:
+    """(tail_rows, tail_split) of a 16-bit product planned on (config, split_k): the tail split
+    the cost model takes (plan() ranks each sm90 row in one slice with it), or (0, 1)."""
+    if split_k != 1:
+        return 0, 1
+    return _tail(BY_NAME[config], m, n, k, batch, epilogue)[1:]
 
 
 def splits(c: Config, k: int, m: int | None = None) -> tuple[int, ...]:
@@ -391,7 +435,10 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     # decides whether an sm90 row would run as itself)
     hopper_ok = tma_addressable(m, n, k, batch, layout[0] == "T", layout[1] == "T")
     allowed = configs_for(arch)
-    best = min(((*estimate(c, s, m, n, k, batch, epilogue=epilogue), i, s)
+    def cost(c, s):  # (seconds, GEMM seconds) of c with s slices; one slice: its tail split
+        t = estimate(c, s, m, n, k, batch, epilogue=epilogue)
+        return (min(t[0], _tail(c, m, n, k, batch, epilogue)[0]), t[1]) if s == 1 else t
+    best = min(((*cost(c, s), i, s)
                 for i, c in enumerate(CONFIGS)
                 if c in allowed and (c.kind == "sm80" or hopper_ok)
                 for s in splits(c, k, m) if competes(c, s, m, n, k, batch, epilogue)))

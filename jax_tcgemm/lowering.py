@@ -4,7 +4,8 @@ promoted float16 kernels (problem.f32_algorithm; primitive._f32_lowering routes 
 "tcgemm_split" call that writes a float32 operand's parts for every multi-pass algorithm
 (f32_parts, f32.layout).
 
-Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack),
+Attributes (ffi/xla/gemm_ffi.cc, TcgemmHandler): the layout, the plan (config, split_k, pack,
+and a planned product's tail split: configs.tail_plan),
 which epilogue operands follow a and b (c, bias, scale, row_scale, col_scale, block scales, in
 that order), aux, promote (GemmProblem::promote) and its scaled pieces (GemmParams::
 piece_scale_k, piece_scale), alpha, beta and the activation. The call's second result is its
@@ -24,23 +25,26 @@ from .problem import F32, dims
 
 def ffi_attrs(*, transpose_a, transpose_b, config, split_k, pack, has_c, has_bias, has_scale,
               aux, activation, alpha=1.0, beta=0.0, row_scale=False, col_scale=False,
-              block_scale=False, promote=False, piece_scale_k=0, piece_scale=1.0) -> dict:
-    """The call's attributes, typed as the handler binds them."""
+              block_scale=False, promote=False, piece_scale_k=0, piece_scale=1.0,
+              tail=(0, 1)) -> dict:
+    """The call's attributes, typed as the handler binds them (tail: configs.tail_plan's
+    (tail_rows, tail_split))."""
     return dict(transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), config=config,
                 split_k=np.int64(split_k), pack=bool(pack), has_c=bool(has_c),
                 has_bias=bool(has_bias), has_scale=bool(has_scale),
                 has_row_scale=bool(row_scale), has_col_scale=bool(col_scale),
                 has_block_scale=bool(block_scale), aux=bool(aux), promote=bool(promote),
                 piece_scale_k=np.int64(piece_scale_k), piece_scale=np.float32(piece_scale),
-                alpha=np.float32(alpha), beta=np.float32(beta),
+                tail_rows=np.int64(tail[0]), tail_split=np.int64(tail[1]), alpha=np.float32(alpha), beta=np.float32(beta),
                 activation=np.int32(problem.activation_index(activation or "none")))
 
 
-def _workspace(a_shape, b_shape, transpose_a, transpose_b, config, split_k, pack, operand_bytes):
+def _workspace(a_shape, b_shape, transpose_a, transpose_b, config, split_k, pack, operand_bytes,
+               tail=(0, 1)):
     from . import configs
     bt, m, n, k, _ = dims(a_shape, b_shape, transpose_a, transpose_b)
     return configs.workspace_floats(m, n, k, bt, a_shape[0] == 1, b_shape[0] == 1, transpose_a,
-                                    transpose_b, config, split_k, pack, operand_bytes)
+                                    transpose_b, config, split_k, pack, operand_bytes, tail)
 
 
 def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta, activation,
@@ -54,18 +58,21 @@ def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta
     a_aval, b_aval = ctx.avals_in[:2]
     bt, m, n, k, _ = dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     tf32 = np.dtype(a_aval.dtype) == F32  # (always with a plan: primitive._f32_product)
+    fused = problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation)
+    tail = (0, 1)  # a forced plan runs as named
     if plan is not None:
         config, split_k = plan
     else:
         config, split_k = configs.plan_for_device(
-            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b),
-            problem.fused_epilogue(has_c, has_bias, has_scale, aux, activation))
+            m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b), fused)
+        if not tf32 and configs.tma_addressable(m, n, k, bt, transpose_a, transpose_b):
+            tail = configs.tail_plan(config, split_k, m, n, k, bt, fused)
     pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
     # Split-K partials and packed operand copies live in a float32 workspace: an extra result
     # of the call (command buffers allow no scratch allocation inside the handler), dropped.
     ws = jax.core.ShapedArray((_workspace(a_aval.shape, b_aval.shape, transpose_a, transpose_b,
                                           config, split_k, pack,
-                                          np.dtype(a_aval.dtype).itemsize),),
+                                          np.dtype(a_aval.dtype).itemsize, tail),),
                               np.dtype(np.float32))
     outs = list(ctx.avals_out)
     avals_out = [outs[0], ws] + outs[1:]
@@ -75,7 +82,7 @@ def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta
         ctx.replace(avals_out=avals_out), *args, **ffi_attrs(
             transpose_a=transpose_a, transpose_b=transpose_b, config=config, split_k=split_k,
             pack=pack, has_c=has_c, has_bias=has_bias, has_scale=has_scale, aux=aux,
-            activation=activation, alpha=alpha, beta=beta))
+            activation=activation, alpha=alpha, beta=beta, tail=tail))
     return [res[0]] + list(res[2:])
 
 

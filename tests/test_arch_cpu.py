@@ -473,3 +473,39 @@ def test_cuda_lowering_plans_for_the_shapes(cuda_lowering):
                                                  S((1, k, n), F16)))
         want = configs.plan_for_device(m, n, k, 1, F16, "NN")
         assert (call["config"], int(call["split_k"].split()[0])) == want, shape
+
+
+@needs_module
+def test_tail_split_plans(monkeypatch, cuda_lowering):
+    """configs.tail_plan (GemmProblem::tail_rows): where the cost model runs a product's last
+    rows in K slices of their own (5000^3 on 128x256: the 8 rows of its last tile row, whose 20
+    tiles would be a wave of 8 of 132 SMs; measured 1.095x the whole product in one launch,
+    H200, benchmarks/NOTES.md v59), the head is whole tile rows, the tail the rest; none for a
+    forced split, a batch, an sm80 row, or a wave that is more than half full. A planned
+    product carries the tail in its attributes and sizes the workspace for the tail's
+    partials."""
+    g2 = "sm90_128x256x64_s4_g2"
+    assert configs.tail_plan(g2, 1, 5000, 5000, 5000) == (8, 6)
+    for shape in [(3000, 3000, 3000), (4096, 4096, 4096), (8192, 16384, 4096), (2500, 3000, 3000)]:
+        assert configs.tail_plan(*configs.plan(*shape, arch=(9, 0)), *shape) == (0, 1), shape
+    assert configs.tail_plan(g2, 2, 5000, 5000, 5000) == (0, 1)
+    assert configs.tail_plan(g2, 1, 5000, 5000, 5000, batch=2) == (0, 1)
+    assert configs.tail_plan("sm80_128x256x32_s4_w2x4", 1, 5000, 5000, 5000) == (0, 1)
+    for m, n, k in [(5000, 5000, 5000), (6000, 5000, 4096), (1500, 3000, 8192), (3000, 1000, 8192)]:
+        cfg, split = configs.plan(m, n, k, arch=(9, 0))
+        rows, s = configs.tail_plan(cfg, split, m, n, k)
+        if rows:
+            bm = configs.BY_NAME[cfg].bm
+            assert split == 1 and 0 < rows < m and (m - rows) % bm == 0 and s in configs.TAIL_SPLITS
+    monkeypatch.setattr(configs, "device_arch", lambda: (9, 0))
+    (call,) = custom_calls(cuda_text(lambda x, y: tcgemm(x, y), S((1, 5000, 5000), BF16),
+                                     S((1, 5000, 5000), BF16)))
+    assert call["config"] == g2 and call["tail_rows"] == "8 : i64" and call["tail_split"] == "6 : i64"
+    ws = configs.workspace_floats(5000, 5000, 5000, 1, True, True, False, False, g2, 1, True, 2,
+                                  (8, 6))
+    assert f"tensor<{ws}xf32>" in call["results"]
+    assert ws - configs.workspace_floats(5000, 5000, 5000, 1, True, True, False, False, g2, 1,
+                                         True) == 6 * 8 * 5000  # the tail's partials
+    forced = custom_calls(cuda_text(lambda x, y: tcgemm(x, y, config=g2), S((1, 5000, 5000), BF16),
+                                    S((1, 5000, 5000), BF16)))[0]
+    assert forced["tail_rows"] == "0 : i64"  # a forced plan runs as named

@@ -18,7 +18,7 @@ import pytest
 from jax import export, lax
 
 import jax_tcgemm as tg
-from jax_tcgemm import _ffi, configs
+from jax_tcgemm import _ffi, configs, lowering
 from jax_tcgemm.primitive import tcgemm
 
 from conftest import assert_close, bound, epilogue_ref64, f64, poisoned, ref64, seed_of
@@ -53,13 +53,11 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
     """The "tcgemm" target through jax.ffi.ffi_call: no Python-side check at all. `extra`:
     epilogue operands after a and b; `aux_results`: (shape, dtype) of results after the
     workspace."""
-    attrs = {"transpose_a": False, "transpose_b": False, "config": CONFIG_NAMES[0],
-             "split_k": np.int64(1), "pack": False, "has_c": False, "has_bias": False,
-             "has_scale": False, "has_row_scale": False, "has_col_scale": False,
-             "has_block_scale": False, "aux": False, "promote": False,
-             "piece_scale_k": np.int64(0), "piece_scale": np.float32(1.0), "alpha": np.float32(1.0),
-             "beta": np.float32(0.0), "activation": np.int32(0), **attrs}
+    attrs = {**lowering.ffi_attrs(  # the plain call's attributes, typed as the lowering's
+        transpose_a=False, transpose_b=False, config=CONFIG_NAMES[0], split_k=1, pack=False,
+        has_c=False, has_bias=False, has_scale=False, aux=False, activation=None), **attrs}
     attrs = {k: v for k, v in attrs.items() if v is not DROP}
+    attrs.update({k: np.int64(attrs[k]) for k in ("tail_rows", "tail_split") if k in attrs})
     if results is None:  # c, and the float32 workspace of split-K
         results = [jax.ShapeDtypeStruct(c_shape, c_dtype), jax.ShapeDtypeStruct(*ws)]
         results += [jax.ShapeDtypeStruct(*r) for r in aux_results]
@@ -68,6 +66,8 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
 
 
 ok_a, ok_b = (lambda: x(1, 4, 8)), (lambda: x(1, 8, 3))
+TAIL = {"tail_rows": 128, "tail_split": 2}  # (raw_call types them)
+TAIL_WS = {**TAIL, "ws": ((1 << 16,), F32)}
 FFI_CASES = [  # (id, thunk, regex of the error message)
     ("unknown_config", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), config="sm80_1x1x1"),
      r"tcgemm: unknown config 'sm80_1x1x1'"),
@@ -119,6 +119,19 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
                                             transpose_b=True, promote=True,
                                             config=F32_ROW, piece_scale_k=np.int64(128)),
      r"\(got piece_scale_k = 128 for K = 64\)"),
+    ("tail_batch", lambda: raw_call(x(2, 256, 64), x(1, 64, 64), (2, 256, 64), config=F32_ROW,
+                                    **TAIL), r"tcgemm: a tail split needs .* and batch 1"),
+    ("tail_rows_past_m", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), **{**TAIL, "tail_rows": 4}),
+     r"tcgemm: a tail split needs 0 <= tail_rows < M"),
+    ("tail_with_split_k", lambda: raw_call(x(1, 256, 1024), x(1, 1024, 64), (1, 256, 64),
+                                           config=F32_ROW, split_k=np.int64(2), **TAIL),
+     r"tcgemm: a tail split needs .* got tail_rows 128, tail_split 2, split_k 2"),
+    ("tail_sm80_row", lambda: raw_call(x(1, 256, 64), x(1, 64, 64), (1, 256, 64), **TAIL_WS,
+                                       config=CONFIG_NAMES[0]),
+     r"tcgemm: a tail split takes 16-bit operands on an sm90 row"),
+    ("tail_head_unaligned", lambda: raw_call(x(1, 256, 64), x(1, 64, 64), (1, 256, 64),
+                                             config=F32_ROW, **{**TAIL_WS, "tail_rows": 100}),
+     r"tcgemm: a tail split takes .* \(got tail_rows 100, tail_split 2 for M = 256\)"),
     ("row_scale_16bit", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), has_row_scale=True,
                                          extra=(jnp.ones((1, 4), F32),)),
      r"tcgemm: row and column scales go with 8-bit or promoted float16 operands"),

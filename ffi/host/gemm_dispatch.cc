@@ -59,12 +59,59 @@ DeviceInfo Info(int device) {
   return {c, sms[device].load(std::memory_order_relaxed)};
 }
 
-// The split-K reduction of problem pr's `split` float32 partials (in pr.workspace) through the
-// epilogue into D.
-std::string ReduceSplits(const GemmProblem& pr, int split, cudaStream_t stream) {
-  const cudaError_t e = LaunchSplitKReduce(pr.params, pr.workspace, split,
-                                           pr.in_type == DType::kS8, stream);
+// The split-K reduction of `split` float32 partials (in pr.workspace) through the epilogue
+// into D, for the product p describes (pr's, or its tail's).
+std::string ReduceSplits(const GemmProblem& pr, const GemmParams& p, int split,
+                         cudaStream_t stream) {
+  const cudaError_t e = LaunchSplitKReduce(p, pr.workspace, split, pr.in_type == DType::kS8,
+                                           stream);
   return e == cudaSuccess ? std::string() : CudaError("split-K reduction launch", e);
+}
+
+// The tail of a tail-split problem (GemmProblem::tail_rows): its last tail_rows rows in
+// tail_split slices, as a problem of its own (for EffectiveSplitK and KTilesPerSplit).
+GemmProblem TailProblem(const GemmProblem& pr) {
+  GemmProblem t = pr;
+  t.params.m = pr.tail_rows;
+  t.params.split_k = pr.tail_split;
+  t.tail_rows = 0;
+  t.tail_split = 1;
+  return t;
+}
+
+// A tail-split problem on its sm90 row, p as LaunchGemm prepared it for the whole product
+// (split 1): the head rows [0, M - tail_rows) in one launch, then the tail rows, offset in A, D,
+// C and aux, in their slices through the workspace, and the reduction of those slices.
+std::string LaunchSm90Tail(const GemmProblem& pr, const GemmParams& p, int config,
+                           const GemmConfig& cfg, bool a_kmajor, bool b_kmajor, int device,
+                           int sms, cudaStream_t stream) {
+  const int64_t head = p.m - pr.tail_rows;
+  GemmParams h = p;
+  h.m = head;
+  h.tiles_m = static_cast<int>((head + cfg.bm - 1) / cfg.bm);
+  if (std::string err = LaunchSm90(h, config, pr.in_type, pr.in_type, a_kmajor, b_kmajor, false,
+                                   device, sms, stream);
+      !err.empty())
+    return err;
+  const GemmProblem tp = TailProblem(pr);
+  const int split = EffectiveSplitK(tp);
+  GemmParams t = p;
+  t.m = pr.tail_rows;
+  t.tiles_m = static_cast<int>((t.m + cfg.bm - 1) / cfg.bm);
+  t.split_k = split;
+  t.k_tiles_per_split = static_cast<int>(KTilesPerSplit(tp));
+  t.partial = split > 1 ? pr.workspace : nullptr;
+  const int64_t d_bytes = DTypeBytes(p.d_type);
+  t.a = static_cast<const char*>(p.a) + head * (a_kmajor ? p.lda : 1) * DTypeBytes(pr.in_type);
+  t.d = static_cast<char*>(p.d) + head * p.n * d_bytes;
+  if (t.epi.c)
+    t.epi.c = static_cast<const char*>(t.epi.c) + head * t.epi.c_sr * DTypeBytes(t.epi.c_type);
+  if (t.epi.aux) t.epi.aux = static_cast<char*>(t.epi.aux) + head * p.n * d_bytes;
+  if (std::string err = LaunchSm90(t, config, pr.in_type, pr.in_type, a_kmajor, b_kmajor, false,
+                                   device, sms, stream);
+      !err.empty())
+    return err;
+  return split > 1 ? ReduceSplits(pr, t, split, stream) : std::string();
 }
 
 }  // namespace
@@ -90,8 +137,10 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
   WorkspacePlan w;
   // Rounded up to 32 floats: the packed copies after the partials start on 128 bytes (the pack
   // kernel's 16-byte stores, cp.async and TMA need 16) whatever split * batch * M * N is.
-  if (const int split = EffectiveSplitK(pr); split > 1)
-    w.split_floats = (int64_t(split) * p.batch * p.m * p.n + 31) / 32 * 32;
+  // A tail split: the tail's partials (its head runs in one slice).
+  const GemmProblem& sp = pr.tail_rows > 0 ? TailProblem(pr) : pr;
+  if (const int split = EffectiveSplitK(sp); split > 1)
+    w.split_floats = (int64_t(split) * p.batch * sp.params.m * p.n + 31) / 32 * 32;
   auto operand = [&](bool kmajor, int64_t outer_km, int64_t stride) {
     PackedOperand o;
     o.cols = kmajor ? p.k : outer_km;           // contiguous extent
@@ -223,6 +272,15 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
       return "ragged rows read K-major A";
   }
+  if (pr.tail_rows != 0 &&
+      (pr.tail_rows < 0 || pr.tail_rows >= p.m || (p.m - pr.tail_rows) % 8 != 0 ||
+       p.batch != 1 || EffectiveSplitK(pr) != 1 || pr.tail_split < 2 ||
+       pr.tail_split > kMaxSplitK || kmajor_only || ragged || kConfigs[config].kind != Kind::kSm90))
+    return "a tail split takes 16-bit operands on an sm90 row, batch 1, split_k 1, head rows "
+           "(M - tail_rows) a positive multiple of 8 and tail_split in [2, " +
+           std::to_string(kMaxSplitK) + "] (got tail_rows " + std::to_string(pr.tail_rows) +
+           ", tail_split " + std::to_string(pr.tail_split) + " for M = " + std::to_string(p.m) +
+           ")";
   if (!kmajor_only && kConfigs[config].kind == Kind::kSm90 &&
       !(dev.cc == 90 && aligned && p.stride_a % 8 == 0 && p.stride_b % 8 == 0))
     config = Sm80Fallback(config);
@@ -247,11 +305,13 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (cudaError_t e = LaunchTransposeBytes(transpose, stream); e != cudaSuccess)
       return CudaError("8-bit B transpose launch", e);
   if (cfg.kind == Kind::kSm90) {
+    if (pr.tail_rows > 0)
+      return LaunchSm90Tail(pr, p, config, cfg, a_kmajor, b_kmajor, device, dev.sms, stream);
     if (std::string err = LaunchSm90(p, config, pr.in_type, kmajor_only ? pr.b_type : pr.in_type,
                                      a_kmajor, b_kmajor, pr.promote, device, dev.sms, stream);
         !err.empty())
       return err;
-    return split > 1 ? ReduceSplits(pr, split, stream) : std::string();
+    return split > 1 ? ReduceSplits(pr, p, split, stream) : std::string();
   }
 
   const int variant = VariantIndex(a_kmajor, b_kmajor, aligned);
@@ -303,7 +363,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   if (e != cudaSuccess) return CudaError("cudaLaunchKernelExC", e);
   e = cudaGetLastError();
   if (e != cudaSuccess) return CudaError("kernel launch", e);
-  return split > 1 && !p.cluster_reduce ? ReduceSplits(pr, split, stream) : std::string();
+  return split > 1 && !p.cluster_reduce ? ReduceSplits(pr, p, split, stream) : std::string();
 }
 
 }  // namespace tcgemm

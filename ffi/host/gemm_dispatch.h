@@ -87,7 +87,8 @@ inline constexpr int64_t PackedLd(int64_t cols) {
 }
 
 // Where the workspace of problem `pr` holds what: split-K partials from float 0 (split_floats:
-// effective split x batch x M x N, rounded up to 32 floats), then (pack_a / pack_b: with pr.pack,
+// effective split x batch x M x N, rounded up to 32 floats; with a tail split, the tail's:
+// its effective split x tail_rows x N), then (pack_a / pack_b: with pr.pack,
 // the operands whose rows NeedsPack) the operand copies with rows padded to a multiple of 8
 // elements (64 for rows of 512 or more: 128-byte rows stream faster through TMA), each starting
 // 16-byte aligned. total() is what the FFI handler asks of XLA, and what Python asks of the
@@ -137,7 +138,8 @@ int PackOperands(const GemmProblem& pr, const WorkspacePlan& wp, GemmParams& p,
 
 // Launches problem `pr` on `stream` with its workspace laid out by wp = PlanWorkspace(pr) (the
 // plan the caller sized pr.workspace with): packing, if wp says so, then the GEMM (with split-K
-// into the workspace, then the reduction into C). Returns an empty string on success, else
+// into the workspace, then the reduction into C; with a tail split, the head rows, then the
+// tail rows' slices and their reduction). Returns an empty string on success, else
 // what went wrong.
 std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp, cudaStream_t stream);
 

@@ -143,6 +143,11 @@ struct GemmProblem {
                                // summed apart, then added into the float32 sums with
                                // round-to-nearest adds (float32 HIGHEST as f16x3:
                                // jax_tcgemm/f32.py; a wgmma's float32 sums are truncated)
+  // A tail split (16-bit operands on an sm90 row, batch 1, split_k 1): the last tail_rows rows
+  // run as a launch of their own in tail_split K slices through the workspace, so that the
+  // tiles of a last, mostly empty wave fill the SMs (jax_tcgemm/configs.py tail_plan). 0: none.
+  int64_t tail_rows = 0;
+  int tail_split = 1;
 };
 
 }  // namespace tcgemm

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <optional>
 
 #include <string>
@@ -127,8 +128,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
                       bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
-                      bool promote, int64_t piece_scale_k, float piece_scale, float alpha,
-                      float beta, int32_t activation) {
+                      bool promote, int64_t piece_scale_k, float piece_scale, int64_t tail_rows,
+                      int64_t tail_split, float alpha, float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return Invalid("operands and result must have rank 3 (batch, rows, cols); got a" + Dims(ad) +
@@ -186,6 +187,13 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (split_k < 1 || split_k > kMaxSplitK)
     return Invalid("split_k must be in [1, " + std::to_string(kMaxSplitK) + "]; got " +
                    std::to_string(split_k));
+  if (tail_rows < 0 || tail_rows >= std::max<int64_t>(m, 1) || tail_split < 1 ||
+      tail_split > kMaxSplitK || (tail_rows > 0 && (split_k != 1 || batch != 1)))
+    return Invalid("a tail split needs 0 <= tail_rows < M, tail_split in [1, " +
+                   std::to_string(kMaxSplitK) + "], and split_k 1 and batch 1 with tail_rows > "
+                   "0; got tail_rows " + std::to_string(tail_rows) + ", tail_split " +
+                   std::to_string(tail_split) + ", split_k " + std::to_string(split_k) + ": " +
+                   shapes());
   if (workspace->element_type() != ffi::DataType::F32 || workspace->dimensions().size() != 1)
     return Invalid("the workspace result must be a rank-1 float32 buffer; got " +
                    std::string(DtypeName(workspace->element_type())) +
@@ -219,6 +227,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   pr.promote = promote;
   pr.params.piece_scale_k = piece_scale_k;  // (LaunchGemm checks both)
   pr.params.piece_scale = piece_scale;
+  pr.tail_rows = tail_rows;  // (LaunchGemm checks the rest)
+  pr.tail_split = static_cast<int>(tail_split);
   const WorkspacePlan plan = PlanWorkspace(pr);
   if (const int64_t need = plan.total(); static_cast<int64_t>(workspace->element_count()) < need)
     return Invalid("split_k=" + std::to_string(split_k) + (pack ? ", pack=1" : ", pack=0") +
@@ -258,6 +268,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Attr<bool>("promote")  // GemmProblem::promote (f16x3)
                                   .Attr<int64_t>("piece_scale_k")  // GemmParams::piece_scale_k
                                   .Attr<float>("piece_scale")
+                                  .Attr<int64_t>("tail_rows")   // GemmProblem::tail_rows
+                                  .Attr<int64_t>("tail_split")  // GemmProblem::tail_split
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")
                                   .Attr<int32_t>("activation"),

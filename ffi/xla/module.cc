@@ -125,14 +125,17 @@ NB_MODULE(_tcgemm, m) {
   m.def("workspace_floats",
         [](int64_t m, int64_t n, int64_t k, int64_t batch, bool a_shared, bool b_shared,
            bool transpose_a, bool transpose_b, const std::string& config, int split_k,
-           bool pack, int operand_bytes) {
-          return tcgemm::PlanWorkspace(Problem(m, n, k, batch, a_shared, b_shared, transpose_a,
-                                               transpose_b, config, split_k, pack, operand_bytes))
-              .total();
+           bool pack, int operand_bytes, int64_t tail_rows, int tail_split) {
+          tcgemm::GemmProblem pr = Problem(m, n, k, batch, a_shared, b_shared, transpose_a,
+                                           transpose_b, config, split_k, pack, operand_bytes);
+          pr.tail_rows = tail_rows;
+          pr.tail_split = tail_split;
+          return tcgemm::PlanWorkspace(pr).total();
         },
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"), nb::arg("a_shared"),
         nb::arg("b_shared"), nb::arg("transpose_a"), nb::arg("transpose_b"), nb::arg("config"),
         nb::arg("split_k"), nb::arg("pack"), nb::arg("operand_bytes") = 2,
-        "Floats of workspace the handler needs (split-K partials, packed operand copies) for "
-        "operands of `operand_bytes` bytes.");
+        nb::arg("tail_rows") = 0, nb::arg("tail_split") = 1,
+        "Floats of workspace the handler needs (split-K partials, or a tail split's tail "
+        "partials; packed operand copies) for operands of `operand_bytes` bytes.");
 }
