@@ -324,11 +324,12 @@ TAIL_MAX_FILL = 0.5
 TAIL_SPLITS = (2, 3, 4, 6, 8)
 
 
-def _tail(c: Config, m: int, n: int, k: int, batch: int = 1, epilogue: bool = False
-          ) -> tuple[float, int, int]:
+def _tail(c: Config, m: int, n: int, k: int, batch: int = 1, epilogue: bool = False,
+          whole: float | None = None) -> tuple[float, int, int]:
     """(modelled seconds, tail_rows, tail_split) of config c in one slice with its best tail
-    split, or its whole time with (0, 1) where none pays."""
-    whole = estimate(c, 1, m, n, k, batch, epilogue=epilogue)[0]
+    split, or its whole time (`whole`, when the caller has it) with (0, 1) where none pays."""
+    if whole is None:
+        whole = estimate(c, 1, m, n, k, batch, epilogue=epilogue)[0]
     tiles_m, tiles_n = math.ceil(m / c.bm), math.ceil(n / c.bn)
     waves = tiles_m * tiles_n / _SMS
     if c.kind != "sm90" or c.fp8_only or batch != 1 or waves <= 1 or \
@@ -437,7 +438,7 @@ def plan(m: int, n: int, k: int, batch: int = 1, dtype=None, layout: str = "NN",
     allowed = configs_for(arch)
     def cost(c, s):  # (seconds, GEMM seconds) of c with s slices; one slice: its tail split
         t = estimate(c, s, m, n, k, batch, epilogue=epilogue)
-        return (min(t[0], _tail(c, m, n, k, batch, epilogue)[0]), t[1]) if s == 1 else t
+        return (_tail(c, m, n, k, batch, epilogue, t[0])[0], t[1]) if s == 1 else t
     best = min(((*cost(c, s), i, s)
                 for i, c in enumerate(CONFIGS)
                 if c in allowed and (c.kind == "sm80" or hopper_ok)

@@ -65,8 +65,7 @@ def kernel_lowering(ctx, *args, transpose_a, transpose_b, out_dtype, alpha, beta
     else:
         config, split_k = configs.plan_for_device(
             m, n, k, bt, a_aval.dtype, problem.layout_name(transpose_a, transpose_b), fused)
-        if not tf32 and configs.tma_addressable(m, n, k, bt, transpose_a, transpose_b):
-            tail = configs.tail_plan(config, split_k, m, n, k, bt, fused)
+        tail = configs.tail_plan(config, split_k, m, n, k, bt, fused)
     pack = not tf32 and configs.should_pack(m, n, k, bt, transpose_a, transpose_b)
     # Split-K partials and packed operand copies live in a float32 workspace: an extra result
     # of the call (command buffers allow no scratch allocation inside the handler), dropped.

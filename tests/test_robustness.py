@@ -57,7 +57,6 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
         transpose_a=False, transpose_b=False, config=CONFIG_NAMES[0], split_k=1, pack=False,
         has_c=False, has_bias=False, has_scale=False, aux=False, activation=None), **attrs}
     attrs = {k: v for k, v in attrs.items() if v is not DROP}
-    attrs.update({k: np.int64(attrs[k]) for k in ("tail_rows", "tail_split") if k in attrs})
     if results is None:  # c, and the float32 workspace of split-K
         results = [jax.ShapeDtypeStruct(c_shape, c_dtype), jax.ShapeDtypeStruct(*ws)]
         results += [jax.ShapeDtypeStruct(*r) for r in aux_results]
@@ -66,7 +65,7 @@ def raw_call(a, b, c_shape, c_dtype=F32, *, ws=((0,), F32), extra=(), results=No
 
 
 ok_a, ok_b = (lambda: x(1, 4, 8)), (lambda: x(1, 8, 3))
-TAIL = {"tail_rows": 128, "tail_split": 2}  # (raw_call types them)
+TAIL = {"tail_rows": np.int64(128), "tail_split": np.int64(2)}
 TAIL_WS = {**TAIL, "ws": ((1 << 16,), F32)}
 FFI_CASES = [  # (id, thunk, regex of the error message)
     ("unknown_config", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), config="sm80_1x1x1"),
@@ -121,7 +120,7 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
      r"\(got piece_scale_k = 128 for K = 64\)"),
     ("tail_batch", lambda: raw_call(x(2, 256, 64), x(1, 64, 64), (2, 256, 64), config=F32_ROW,
                                     **TAIL), r"tcgemm: a tail split needs .* and batch 1"),
-    ("tail_rows_past_m", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), **{**TAIL, "tail_rows": 4}),
+    ("tail_rows_past_m", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), **{**TAIL, "tail_rows": np.int64(4)}),
      r"tcgemm: a tail split needs 0 <= tail_rows < M"),
     ("tail_with_split_k", lambda: raw_call(x(1, 256, 1024), x(1, 1024, 64), (1, 256, 64),
                                            config=F32_ROW, split_k=np.int64(2), **TAIL),
@@ -130,7 +129,7 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
                                        config=CONFIG_NAMES[0]),
      r"tcgemm: a tail split takes 16-bit operands on an sm90 row"),
     ("tail_head_unaligned", lambda: raw_call(x(1, 256, 64), x(1, 64, 64), (1, 256, 64),
-                                             config=F32_ROW, **{**TAIL_WS, "tail_rows": 100}),
+                                             config=F32_ROW, **{**TAIL_WS, "tail_rows": np.int64(100)}),
      r"tcgemm: a tail split takes .* \(got tail_rows 100, tail_split 2 for M = 256\)"),
     ("row_scale_16bit", lambda: raw_call(ok_a(), ok_b(), (1, 4, 3), has_row_scale=True,
                                          extra=(jnp.ones((1, 4), F32),)),

@@ -272,10 +272,10 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (p.ragged.mode == RaggedMode::kRows && !a_kmajor)
       return "ragged rows read K-major A";
   }
+  // (the handler checks a tail's range against M, batch 1 and split_k 1, as it checks split_k)
   if (pr.tail_rows != 0 &&
-      (pr.tail_rows < 0 || pr.tail_rows >= p.m || (p.m - pr.tail_rows) % 8 != 0 ||
-       p.batch != 1 || EffectiveSplitK(pr) != 1 || pr.tail_split < 2 ||
-       pr.tail_split > kMaxSplitK || kmajor_only || ragged || kConfigs[config].kind != Kind::kSm90))
+      ((p.m - pr.tail_rows) % 8 != 0 || pr.tail_split < 2 || kmajor_only || ragged ||
+       kConfigs[config].kind != Kind::kSm90))
     return "a tail split takes 16-bit operands on an sm90 row, batch 1, split_k 1, head rows "
            "(M - tail_rows) a positive multiple of 8 and tail_split in [2, " +
            std::to_string(kMaxSplitK) + "] (got tail_rows " + std::to_string(pr.tail_rows) +
