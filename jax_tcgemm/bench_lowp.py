@@ -28,8 +28,9 @@ import numpy as np
 from . import bench_suites
 
 # name, M, N, K, kind ("fp8", "fp8_block", "int8", "w8a8"), layout of b: "NN" (K, N), what
-# jnp.dot takes (both sides transpose it for the K-major tensor cores: ours by an XLA copy
-# first, cuBLASLt inside), or "NT" (N, K), the K-major weight layout (no copy on either side)
+# jnp.dot takes (both sides transpose it for the K-major tensor cores: ours by its copy kernel
+# inside the call, XLA by a transpose in front of cuBLASLt), or "NT" (N, K), the K-major weight
+# layout (no copy on either side)
 ROWS = (
     ("lowp_fp8_8192", 8192, 8192, 8192, "fp8", "NN"),
     ("lowp_fp8_8192_nt", 8192, 8192, 8192, "fp8", "NT"),
