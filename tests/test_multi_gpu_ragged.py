@@ -11,7 +11,7 @@ tile shape may add a row's k tiles in another order; the float32 bound is far ti
 wrong shard would give.
 
 Marked `gpu`; skipped with the reason below where fewer than 2 GPUs are visible (the same rules
-run on a 4-device CPU mesh in tests/test_ragged_cpu.py, through the lax lowering).
+run on a 4-device CPU mesh in tests/test_ragged_sharding_cpu.py, through the lax lowering).
 """
 import re
 

@@ -13,9 +13,9 @@ tg.ragged_gemm and tcgemm_ragged_p.
   hold tcgemm_ragged (and tcgemm_dact) only, no dot_general or ragged_dot_general; the modes
   each gradient maps onto; jvp, grad of grad, vmap (one launch, or a loop for a shared rhs),
   vmap of grad, jit, jax.export (CPU round trip; CUDA serialisation with a config override),
-  the CUDA custom call's attributes, sharding on 4 CPU devices, and monkeypatch safety.
+  the CUDA custom call's attributes, and monkeypatch safety (the planner's family by GPU:
+  test_ragged_plan_cpu.py; sharding on 4 CPU devices: test_ragged_sharding_cpu.py).
 """
-import contextlib
 import inspect
 import re
 
@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_tcgemm as tg
 from jax_tcgemm import _ffi, configs, ragged as rg
@@ -525,75 +524,6 @@ def test_cuda_lowering_attributes_with_config_override(cfg):
     assert "-> tensor<4x64x48xbf16>" in line
 
 
-# ---------------------------------------------------------------------------------------------
-# The planner: which family runs grouped products on which GPU.
-
-@pytest.mark.parametrize("arch,kind", [((9, 0), "sm90"), ((8, 0), "sm80"), ((8, 6), "sm80"),
-                                       ((8, 9), "sm80"), ((10, 0), "sm80"), ((12, 0), "sm80"),
-                                       ((7, 5), None), ((7, 0), None), (None, None)], ids=str)
-def test_ragged_kind_by_arch(arch, kind):
-    """sm90 on 9.0, the sm80 kernels on every other GPU from 8.0 on, none below 8.0 or when
-    the device is not known (the lax lowering)."""
-    assert configs.ragged_kind(arch) == kind
-    if kind is None:  # no grouped kernel: no plan (this needs no config table)
-        assert configs.plan_ragged(1000, 72, 200, 5, BF16, 0, arch=arch) is None
-
-
-PLAN_SHAPES = [(1000, 72, 200, 5, 0), (1000, 72, 200, 5, 1), (8192, 14336, 4096, 8, 0),
-               (16384, 1408, 2048, 64, 0), (16384, 1408, 2048, 64, 1), (512, 14336, 4096, 8, 0),
-               (1024, 256, 1024, 64, 0), (64, 64, 64, 64, 0), (1, 8, 8, 1, 1)]
-
-
-@needs_module
-@pytest.mark.parametrize("arch", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0)], ids=str)
-def test_plan_ragged_picks_a_grouped_row_of_the_family(arch):
-    """plan_ragged names a row with grouped kernels (Config.ragged, the module's
-    HasRaggedKernels) of ragged_kind(arch): an sm80 row off Hopper, an sm90 row on 9.0; the
-    dispatcher runs either without a K split."""
-    picked = set()
-    for m, n, k, g, mode in PLAN_SHAPES:
-        name = configs.plan_ragged(m, n, k, g, BF16, mode, arch=arch)
-        c = configs.BY_NAME[name]
-        assert c.ragged and c.kind == configs.ragged_kind(arch), (arch, m, n, k, g, mode, name)
-        picked.add(name)
-    if arch != (9, 0):  # every sm80 grouped kernel is some shape's pick (none is dead code)
-        assert picked == {c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged}
-        assert configs.BY_NAME[configs.plan_ragged(8192, 14336, 4096, 8, arch=arch)].bm >= 128
-        assert configs.BY_NAME[configs.plan_ragged(1024, 256, 1024, 64, arch=arch)].bm == 64
-
-
-@needs_module
-def test_grouped_rows_of_the_table():
-    """Every sm90 row runs grouped products; of the sm80 rows, those of BK 32, BM >= 64 and
-    BM <= BN (HasRaggedKernels): one per tile size the cost model tells apart."""
-    assert all(c.ragged == (not c.fp8_only) for c in configs.CONFIGS if c.kind == "sm90")
-    sm80 = {c.name for c in configs.CONFIGS if c.kind == "sm80" and c.ragged}
-    assert sm80 == {"sm80_128x256x32_s4_w2x4", "sm80_128x128x32_s4_w2x2",
-                    "sm80_64x64x32_s4_w2x2"}, sm80
-
-
-@needs_module
-def test_cuda_lowering_off_hopper_is_the_sm80_kernel(monkeypatch):
-    """Lowered for a compute capability 8.x device, every form is one tcgemm_ragged call with
-    the planner's sm80 row (no lax fallback)."""
-    monkeypatch.setattr(configs, "device_arch", lambda: (8, 6))
-    for mode, tb in ((0, False), (0, True), (1, False)):
-        b = S((300, 72), BF16) if mode == 1 else S((5, 72, 200) if tb else (5, 200, 72), BF16)
-        text = jax.jit(lambda a, b, g: rg.ragged(a, b, g, mode=mode, transpose_b=tb)).trace(
-            S((300, 200), BF16), b, S((5,), np.int32)).lower(
-            lowering_platforms=("cuda",)).as_text()
-        ((attrs, _),) = _ragged_calls(text)
-        assert configs.BY_NAME[attrs["config"]].kind == "sm80", (mode, tb, attrs)
-        assert attrs["config"] == configs.plan_ragged(300, 72, 200, 5, BF16, mode, tb, (8, 6))
-
-
-@pytest.mark.skipif(_ffi.available(), reason="the extension is built: planning works")
-def test_cuda_lowering_without_extension_says_why():
-    with pytest.raises(RuntimeError, match="could not be loaded"):
-        jax.jit(tg.ragged_dot).trace(S((8, 16), F16), S((2, 16, 8), F16), S((2,), np.int32)
-                                     ).lower(lowering_platforms=("cuda",))
-
-
 def test_cpu_lowering_is_the_reference():
     text = jax.jit(tg.ragged_dot).trace(S((8, 16), F16), S((2, 16, 8), F16),
                                         S((2,), np.int32)).lower(lowering_platforms=("cpu",))
@@ -614,78 +544,6 @@ def test_export_round_trips():
     back = jax.export.deserialize(exp.serialize())
     assert back.platforms == ("cuda",) and back.out_avals[0].shape == (M, N)
     assert len(_ragged_calls(back.mlir_module())) == 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Sharding on 4 CPU devices (conftest.py): the partitioning rule of sharding.py.
-
-def _mesh(axis_type):
-    return jax.make_mesh((4,), ("d",), axis_types=(axis_type,), devices=jax.devices("cpu")[:4])
-
-
-def _hlo_dots(text):
-    """Result shapes of the dots in compiled HLO (size-1 dims dropped, as XLA:CPU does)."""
-    return [tuple(int(d) for d in m.group(1).split(",") if d and int(d) != 1)
-            for m in re.finditer(r"= \w+\[([\d,]*)\]\{[^}]*\} dot\(", text)]
-
-
-@pytest.mark.parametrize("axis_type,set_mesh", [(AxisType.Explicit, False),
-                                                (AxisType.Auto, False),
-                                                (AxisType.Explicit, True)],
-                         ids=["Explicit", "Auto", "Explicit-set_mesh"])
-@pytest.mark.parametrize("kind", ["M", "G", "N"])
-def test_sharded_forward_and_grad(kind, axis_type, set_mesh):
-    """Data parallel (lhs rows over 4 devices): local products of M/4 rows, no collective in
-    the forward, a float32 all-reduce of the weight gradient. Expert parallel (rhs groups over
-    4 devices): each device its 2 groups' rows, one all-reduce of d. N sharded: local columns.
-    Values equal the unsharded result in every case (sizes with empties and sum < M); also
-    inside `jax.set_mesh` (the result typed by sharding.typed, the local function traced
-    without the context mesh: sharding._meshless)."""
-    mesh, m, g = _mesh(axis_type), 32, 8
-    ctx = jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext()
-    lhs, rhs = operands(("shard", kind), BF16, m=m, g=g)
-    gs = jnp.asarray([3, 0, 7, 2, 5, 0, 6, 4], jnp.int32)  # sum 27 < 32
-    spec_l, spec_r = {"M": (P("d"), P()), "G": (P(), P("d")), "N": (P(), P(None, None, "d"))}[kind]
-    x = jax.device_put(lhs, NamedSharding(mesh, spec_l))
-    y = jax.device_put(rhs, NamedSharding(mesh, spec_r))
-    gsh = jax.device_put(gs, NamedSharding(mesh, P()))
-    f = jax.jit(lambda *a: tg.ragged_dot(*a, preferred_element_type=F32))
-    with ctx:
-        assert "CustomSPMDPartitioning" in f.lower(x, y, gsh).as_text()
-        text = f.lower(x, y, gsh).compile().as_text()
-        out = f(x, y, gsh)
-    assert "all-gather" not in text
-    assert ("all-reduce" in text) == (kind == "G")
-    want_dot = {"M": (m // 4, N), "G": (m, N), "N": (m, N // 4)}[kind]
-    assert want_dot in _hlo_dots(text), _hlo_dots(text)
-    assert kind != "G" or "bf16[2,24,20]" in text  # each device holds 2 groups' weights
-    assert_close(out, ragged64(lhs, rhs, gs), F32, K, f"{kind} sharded")
-    wt = rand(("shard-w",), (m, N), F32)
-    loss = lambda a, b, gg: jnp.sum(wt * tg.ragged_dot(a, b, gg, preferred_element_type=F32))  # noqa: E731
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    with ctx:
-        gtext = grad.lower(x, y, gsh).compile().as_text()
-        grads = grad(x, y, gsh)
-    if kind == "M":
-        assert re.search(r"= f32\[8,24,20\][^=]*all-reduce", gtext), "wgrad: f32 all-reduce"
-    single = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs, gs)
-    for got, ref in zip(grads, single):
-        assert_close(got, f64(ref), BF16, m, f"{kind} grad")
-
-
-def test_sharded_uneven_groups_and_epilogue():
-    """G = 6 over 4 devices (padded group blocks), with bias and gelu: each row has one owner."""
-    mesh = _mesh(AxisType.Auto)
-    lhs, rhs = operands(("uneven",), F16, m=30, g=6)
-    bias = rand(("uneven-b",), (6, N), F32)
-    gs = jnp.asarray([4, 9, 0, 6, 3, 5], jnp.int32)
-    f = jax.jit(lambda a, b, gg, bb: tg.ragged_gemm(
-        a, lax.with_sharding_constraint(b, NamedSharding(mesh, P("d"))), gg,
-        bias=lax.with_sharding_constraint(bb, NamedSharding(mesh, P("d"))), activation="gelu",
-        out_dtype=F32))
-    args = [jax.device_put(v, NamedSharding(mesh, P())) for v in (lhs, rhs, gs, bias)]
-    assert "CustomSPMDPartitioning" in f.lower(*args).as_text()
-    assert_close(f(*args), ragged64(lhs, rhs, gs, bias=bias, act="gelu"), F32, K, "uneven G")
 
 
 def test_monkeypatch_safe():
