@@ -508,25 +508,32 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
 
 
 def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False,
-               elem_bytes=2, block_scales=False):
-    """(config name, split_k) among the rows with kernels for a K-major-only operand type
-    (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute
-    capability other than 9.0 (arch "device": the default device's), K not a multiple of
-    k_multiple (16-byte rows, which TMA needs). The cost model picks as for
-    16-bit operands (tiles, waves and K slices do not depend on the element size), among the
-    K slice counts split_counts(config) offers each row; `elem_bytes`: the bytes per operand
-    element its L2 and HBM traffic terms count (8-bit products: 1); `block_scales`: fp8 block
-    scales (estimate)."""
+               elem_bytes=2, block_scales=False, sm80=False):
+    """(config name, split_k) among the sm90 rows with kernels for a K-major-only operand type
+    (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute capability
+    (arch "device": the default device's) not 9.0, K not a multiple of k_multiple (16-byte
+    rows). The cost model picks as for 16-bit operands among the K slice counts
+    split_counts(config) offers each row; `elem_bytes`: the bytes per operand element of its
+    traffic terms (8-bit: 1); `block_scales`: fp8 block scales (estimate). `sm80`: int8 on the
+    sm80 rows instead (8.0 and up), modelled as the 16-bit product of K/2 (an int8 pair is one
+    16-bit element there, at twice the rate)."""
     if arch == "device":
         arch = device_arch()
-    if arch is None or tuple(arch[:2]) != (9, 0) or k % k_multiple != 0:
+    cc = None if arch is None else tuple(arch[:2])
+    if cc is None or (cc < (8, 0) if sm80 else cc != (9, 0)) or k % k_multiple:
         return None
-    best = min(((*estimate(c, s, m, n, k, batch, elem_bytes, epilogue, block_scales, False), i, s)
-                for i, c in enumerate(CONFIGS) if has_kernels(c)
+    kind = "sm80" if sm80 else "sm90"
+    mk, eb = (k // 2, 2) if sm80 else (k, elem_bytes)  # what the cost model counts
+    best = min(((*estimate(c, s, m, n, mk, batch, eb, epilogue, block_scales, False), i, s)
+                for i, c in enumerate(CONFIGS) if c.kind == kind and has_kernels(c)
                 for s in split_counts(c)
-                if competes(c, s, m, n, k, batch, epilogue)), default=None)
+                if competes(c, s, m, n, mk, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
 
+
+# int8 products of at most this many rows run on the sm80 rows (16-row tiles) on 9.0 too, where
+# a 64-row wgmma tile idles: 4-13% faster at M = 1 and 16, not at 32 (H200, NOTES v61).
+INT8_SM80_MAX_M = 16
 
 # 8-bit products split K only where their tiles leave SMs idle (decode-sized M: 16 x 4096^2 has
 # 32 column tiles of 128 for 132 SMs), each slice at least BYTE_MIN_SLICE_K of K; the slices'
@@ -543,17 +550,21 @@ def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
 def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device",
               block_scales: bool = False):
     """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
-    int8 dot_general, K-major operands), or None where no 8-bit kernel runs (_plan_rows: compute
-    capability other than 9.0, K not a multiple of 16; and an empty product). Among the rows
-    with 8-bit kernels of that kind (Config.int8 / Config.fp8) and the K slices byte_splits
-    allows, the pair the cost model picks (fp8: the fp8-only row on large squares, where its
-    third warpgroup hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41;
-    with `block_scales`, rows that stage them in shared memory where they win: v43)."""
+    int8 dot_general, K-major operands), or None where no 8-bit kernel runs (K not a multiple
+    of 16; fp8 off compute capability 9.0, int8 below 8.0; an empty product). Among the rows
+    with 8-bit kernels of that kind and the K slices byte_splits allows, the cost model's pick:
+    on 9.0 the sm90 rows (fp8: the fp8-only row on large squares, where its third warpgroup
+    hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41; `block_scales`:
+    rows that stage them where they win: v43); int8 elsewhere, and on 9.0 up to
+    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32)."""
     if min(m, n, k) <= 0:
         return None
+    if arch == "device":
+        arch = device_arch()
+    sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
     return _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch,
                       lambda c: byte_splits(c.tiles(m, n), k), elem_bytes=1,
-                      block_scales=block_scales)
+                      block_scales=block_scales, sm80=sm80)
 
 
 # float32 products on the TF32 kernels: a K slice adds its k tiles' sums in order into float32

@@ -217,8 +217,9 @@ def _plan(lhs_shape, rhs_shape, lc, rc, lb, rb):
 def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                   out_sharding):
     """int8 x int8 -> int32 (lax's result type for that preferred_element_type) with one
-    contracting dim, no batch dims and a 2-D rhs: through tg.scaled_matmul (the sm90 int8
-    kernel where it runs, lax elsewhere: the same exact int32); None for every other case."""
+    contracting dim, no batch dims and a 2-D rhs: through tg.scaled_matmul (the int8 kernels
+    where they run: sm90, or sm80 off Hopper; lax elsewhere: the same exact int32); None for
+    every other case."""
     if (np.dtype(lhs.dtype) != np.int8 or np.dtype(rhs.dtype) != np.int8 or rhs.ndim != 2
             or out_sharding is not None):
         return None

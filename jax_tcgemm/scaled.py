@@ -6,12 +6,15 @@ block scales, composed with the fused epilogue (issue 26).
 in float32 (int8: exact int32 products), rounded once to out_dtype.
 
 Two paths compute it, with the same numbers (up to float32 summation order):
-- the kernels: on a GPU of compute capability 9.0, for K a multiple of 16, one call of the sm90
+- the kernels, for K a multiple of 16: on a GPU of compute capability 9.0, one call of the sm90
   8-bit kernels (wgmma; ffi/kernels/sm90/kernels_sm90_byte.cu) does the product, the scales
-  (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue.
-  They read b K-major, as (N, K): a b given as (K, N) is copied K-major by the same call first
-  (one pass over b; pass transpose_b=True with a (N, K) b to avoid it);
-- lax (everywhere else: CPU, other GPUs, K not a multiple of 16, int8 with block scales):
+  (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue;
+  int8 on other GPUs from 8.0 on, one call of the sm80 int8 kernels (mma.sync m16n8k32;
+  ffi/kernels/sm80/kernels_s8.cu) does the same (no block scales: those are fp8's). Both read
+  b K-major, as (N, K): a b given as (K, N) is copied K-major by the same call first (one pass
+  over b; pass transpose_b=True with a (N, K) b to avoid it);
+- lax (everywhere else: CPU, fp8 off compute capability 9.0, GPUs before 8.0, K not a
+  multiple of 16, int8 with block scales):
   lax.dot_general with float32 / int32 accumulation, the scales applied to the float32
   accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels'
   tests, and it defines the derivatives of both paths.
@@ -231,10 +234,11 @@ def _reference(a2, b, sa, sb, c3, bias2, scale, st):
 
 
 def _kernel(a2, b, sa, sb, c3, bias2, scale, st, plan):
-    """The product on the sm90 8-bit kernels: a2 (R, K), b (N, K) or (K, N) (copied K-major by
-    the call), sa None / () / (R,), sb None / () / (N,): per-tensor scales fold into alpha (read
-    on the device), the others are the epilogue's row and column scales. Block form: sa (R, Kb) and sb
-    (Kb, Nb), applied in the kernel's main loop (passed as (Kb, R) and (Kb, Nb))."""
+    """The product on the 8-bit kernels (sm90 rows; int8 also sm80 rows): a2 (R, K), b (N, K)
+    or (K, N) (copied K-major by the call), sa None / () / (R,), sb None / () / (N,):
+    per-tensor scales fold into alpha (read on the device), the others are the epilogue's row
+    and column scales. Block form: sa (R, Kb) and sb (Kb, Nb), applied in the kernel's main loop
+    (passed as (Kb, R) and (Kb, Nb))."""
     form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
     config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
     r, k = a2.shape
@@ -315,8 +319,9 @@ _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
 def kernel_config(kind, r, n, k, form):
-    """(sm90 row, K slices) that run this product, or None where lax does (int8 with block
-    scales, K not a multiple of 16, no extension, a device other than compute capability 9.0)."""
+    """(row, K slices) that run this product (configs.plan_byte), or None where lax does (int8
+    with block scales, K not a multiple of 16, no extension, fp8 on a device other than compute
+    capability 9.0, int8 on one below 8.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available():
         return None
     return configs.plan_byte(r, n, k, kind, block_scales=form == "block")
@@ -330,9 +335,10 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     GEMM with scales (issue 26).
 
     On an H100/H200 (compute capability 9.0) with K a multiple of 16, one call of the sm90 8-bit
-    kernels computes everything (product, scales, epilogue); a (K, N) b is copied K-major by
-    the call first (the kernels read b as (N, K)). int8 with block scales, other GPUs, other K and the
-    CPU run through lax (module docstring); the numbers are the same contract.
+    kernels computes everything (product, scales, epilogue); int8 on other GPUs from 8.0 on
+    (A100, L4, ...), one call of the sm80 int8 kernels. A (K, N) b is copied K-major by the
+    call first (the kernels read b as (N, K)). int8 with block scales, fp8 off 9.0, other K and
+    the CPU run through lax (module docstring); the numbers are the same contract.
 
     a: (..., M, K); b: (K, N), or (N, K) with transpose_b (K-major b: what Hopper fp8 wgmma
     reads). Leading batch dims of a are folded into M (b is shared; vmap for a batched b).

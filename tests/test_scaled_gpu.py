@@ -1,7 +1,8 @@
-"""GPU tests of tg.scaled_matmul on the sm90 8-bit kernels (issue 26): int8 x int8 and the fp8
-pairs, every scale form the kernels take (none, per-tensor, per-row, per-column and their
-mixes), every output dtype, the fused epilogue (bias, activation, beta * C with C full, per-row
-or per-column), b as (K, N) and as (N, K), shapes that are not tile multiples.
+"""GPU tests of tg.scaled_matmul on the sm90 8-bit kernels (issue 26), and on the sm80 int8
+kernels (every row forced): int8 x int8 and the fp8 pairs, every scale form the kernels take
+(none, per-tensor, per-row, per-column and their mixes), every output dtype, the fused
+epilogue (bias, activation, beta * C with C full, per-row or per-column), b as (K, N) and as
+(N, K), shapes that are not tile multiples.
 
 References: float64 numpy of the quantised values (the operands as stored), the scales applied
 to the exact product, then the epilogue (conftest.epilogue64); int8 -> int32 is compared
@@ -317,6 +318,88 @@ def test_every_fp8_row(row, monkeypatch):
             check_fp8(fails, what, fn, (a, b, sa, sb),
                       reference(a, b, sa, sb, None, None, 0.0, None, tb), out_dtype, k)
     assert not fails, "\n".join(fails)
+
+
+INT8_SM80_ROWS = tuple(c.name for c in configs.CONFIGS if c.int8 and c.kind == "sm80")
+
+
+def _sm80_up():
+    return configs.device_arch() is not None and configs.device_arch() >= (8, 0)
+
+
+@pytest.mark.skipif(not _sm80_up(), reason="the sm80 int8 kernels need compute capability 8.0+")
+@pytest.mark.parametrize("row", INT8_SM80_ROWS)
+def test_every_int8_sm80_row(row, monkeypatch):
+    """Each sm80 row's int8 kernel (mma.sync m16n8k32 on int8 pairs: what int8 runs on off
+    Hopper; it runs on any GPU from 8.0 on, an H100/H200 too), forced with 1, 2, 3 and 16 K
+    slices (on sm_90 hardware 2-8 reduce in a cluster, by push or pull, 16 through the
+    workspace): int32 bit-exact, W8A8 (per-row / per-column / per-tensor scales) with bias,
+    activation or beta * C into bfloat16 / float16 / float32; both b layouts, a batch folded
+    into M, shapes that are not tile multiples, K below one k tile."""
+    from jax_tcgemm import scaled
+    fails = []
+    for (*batch, m, n, k), tb, split, out_dtype, forms, epi in (
+            ((130, 300, 1040), False, 1, I32, (None, None), (None, None, None)),
+            ((130, 300, 1040), True, 2, I32, (None, None), (None, None, None)),
+            ((509, 260, 640), True, 3, BF16, ("row", "column"), ("bias", "gelu_tanh", None)),
+            ((77, 136, 2048), False, 16, F32, ("tensor", "column"), ("full", None, 0.5)),
+            ((3, 50, 200, 256), True, 2, F16, ("row", "tensor"), ("col", "silu", -1.0)),
+            ((1, 64, 16), True, 1, I32, (None, None), (None, None, None)),
+            ((33, 8, 48), False, 3, BF16, (None, None), ("bias", "relu", None))):
+        monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
+        rng = np.random.default_rng(seed_of("int8row", row, m, n, k, split))
+        a = quantised(rng, (*batch, m, k), I8)
+        b = quantised(rng, (n, k) if tb else (k, n), I8)
+        rows = int(np.prod(batch, dtype=int)) * m
+        sa, sb = scales(rng, forms[0], rows), scales(rng, forms[1], n)
+        if out_dtype != I32:  # sums of order 1 (finite in float16)
+            if sa is None:
+                a, b = a // 16, b // 16
+            else:
+                sa = (sa * np.float32(1 / 4096)).astype(np.float32)
+        cform, act, beta = epi
+        c = {None: None, "bias": None, "full": rng.standard_normal((*batch, m, n)),
+             "col": rng.standard_normal((n,))}[cform]
+        c = None if c is None else c.astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if cform == "bias" else None
+        what = (f"{row} split {split} {(*batch, m, n, k)} transpose_b={tb} -> "
+                f"{out_dtype.name} scales {forms} epilogue {epi}")
+
+        def fn(a, b, sa, sb, c, bias):
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=tb, c=c,
+                                    beta=beta or 0.0, bias=bias, activation=act)
+        a_scale = sa.reshape(*batch, m) if forms[0] == "row" else sa
+        args = (a, b, a_scale, sb, c, bias)
+        if not uses_kernel(fn, *args):
+            fails.append(f"{what}: the compiled product does not call the kernel")
+            continue
+        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+        out = out.reshape(rows, n)
+        c2 = None if c is None else c.reshape(-1, n)  # full: (rows, N); per-column: (1, N)
+        want = reference(a.reshape(rows, k), b, sa, sb, c2, bias, beta or 0.0, act, tb)
+        if out_dtype == I32:
+            ok = same and np.array_equal(out, want.astype(np.int64))
+            if not ok:
+                fails.append(f"{what}: same={same}, not exact")
+            continue
+        err, tol = rel_err(out, want), bound(out_dtype, k)
+        if not same or not err <= tol:
+            fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.skipif(not _sm80_up(), reason="the sm80 int8 kernels need compute capability 8.0+")
+def test_fp8_on_an_sm80_row_is_an_error(monkeypatch):
+    """fp8 has no sm80 kernel: forced onto an sm80 row, the call fails with the handler's
+    message (no silent wrong answer)."""
+    from jax_tcgemm import scaled
+    monkeypatch.setattr(scaled, "kernel_config", lambda *_: (INT8_SM80_ROWS[0], 1))
+    rng = np.random.default_rng(seed_of("fp8sm80"))
+    a, b = quantised(rng, (64, 128), E4M3), quantised(rng, (64, 128), E4M3)
+    with pytest.raises(Exception, match=r"8-bit operands run on the sm90 kernels on compute "
+                                        r"capability 9.0 only \(int8 also on the sm80 rows\)"):
+        jax.block_until_ready(jax.jit(lambda a, b: tg.scaled_matmul(
+            a, b, 1.0, 1.0, transpose_b=True))(a, b))
 
 
 @pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")

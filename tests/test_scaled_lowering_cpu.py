@@ -76,3 +76,26 @@ def test_block_scales_plan_on_staging_rows():
     # at M = 128 the K-split 128x256 plan stays (measured 10% faster than the staging rows')
     assert (configs.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True)
             == configs.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 4))
+
+
+@pytest.mark.parametrize("shape", [(40, 200, 1024), (16, 4096, 4096), (300, 1000, 784)])
+def test_int8_off_hopper_lowers_to_an_sm80_row(monkeypatch, shape):
+    """Lowered for a compute capability 8.x device, int8 (exact int32, and W8A8 into bfloat16)
+    is one tcgemm call on the sm80 row and K slices plan_byte picks there (mma.sync m16n8k32),
+    with the workspace the C++ rule asks for (int32 partials of the slices, b's K-major copy);
+    fp8 has no kernel there and lowers to lax (no custom call)."""
+    monkeypatch.setattr(configs, "device_arch", lambda: (8, 6))
+    m, n, k = shape
+    row, split = configs.plan_byte(m, n, k, "int8")
+    assert configs.BY_NAME[row].kind == "sm80"
+    a, b = jnp.ones((m, k), jnp.int8), jnp.ones((k, n), jnp.int8)
+    for out, s in ((jnp.int32, None), (jnp.bfloat16, 0.5)):
+        text = cuda_text(lambda a, b: tg.scaled_matmul(a, b, s, s, out_dtype=out), a, b)
+        (call,) = custom_calls(text)
+        assert call["config"] == row and call["split_k"].split(":")[0].strip() == str(split)
+        ws = configs.workspace_floats(m, n, k, 1, True, True, False, False, row, split, True, 1)
+        slices = configs.effective_split(configs.BY_NAME[row], k, split, 1)
+        assert ws == (slices * m * n if slices > 1 else 0) + n * k // 4
+        assert f"tensor<{ws}xf32>" in call["results"]
+    f8 = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k, n), jnp.float8_e4m3fn)
+    assert not custom_calls(cuda_text(lambda a, b: tg.scaled_matmul(a, b, 1.0, 1.0), *f8))

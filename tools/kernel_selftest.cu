@@ -4,7 +4,8 @@
 // epilogue (C in every broadcast form and type, bias, activations, alpha / beta as attributes
 // or from device memory, the pre-activation to aux); the dact kernel; grouped (ragged)
 // products on both kernel families (tools/selftest_ragged.cu); 8-bit products on the sm90
-// rows (tools/selftest_byte.cu); then the time of large square products. Build: tools/sanitize.sh (SANITIZE_TOOLS="" to skip compute-sanitizer)
+// rows and int8 on the sm80 rows (tools/selftest_byte.cu); then the time of large square
+// products. Build: tools/sanitize.sh (SANITIZE_TOOLS="" to skip compute-sanitizer)
 // compiles ffi/kernels/*/*.cu (kernels_sm90*.cu with -gencode=arch=compute_90a,code=sm_90a, the
 // others -arch=sm_90), ffi/host/gemm_dispatch.cc and tools/*.cu, each with
 // `nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Iffi -x cu -c`, in parallel, and links them

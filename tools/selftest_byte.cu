@@ -5,7 +5,9 @@
 // workspace) and promoted float16 (f16x3's kernels: GemmProblem::promote, row and column
 // scales), GemmProblems built as ffi/xla/gemm_ffi.cc builds them (A [M][K], B [N][K]),
 // launched through LaunchGemm on every row with such kernels (HasByteKernels, HasTf32Kernels;
-// compute capability 9.0 only), checked against float64 of the operands as stored. D is
+// compute capability 9.0 only, but int8 on the sm80 rows on any GPU from 8.0: mma.sync
+// m16n8k32, with split-K in a cluster on 9.0), checked against float64 of the operands as
+// stored. D is
 // poisoned first; buffers have exactly the problem's size, so compute-sanitizer sees any
 // out-of-bounds access.
 #include <cuda_fp8.h>
@@ -197,7 +199,7 @@ bool run_case(const ByteCase& c, int cfg, std::mt19937& rng, Tally& t) {
 }  // namespace
 
 void byte_cases(bool quick, int cc, Tally& t) {
-  if (cc != 90) return;  // the 8-bit kernels are sm_90a only
+  if (cc < 80) return;  // sm_90a kernels on 9.0 only; the sm80 int8 kernels from 8.0 on
   std::mt19937 rng(8642);
   const int before = t.failed, total = t.passed + t.failed;
   const DType E4 = DType::kE4M3, E5 = DType::kE5M2, S8 = DType::kS8, F32 = DType::kF32,
@@ -245,7 +247,7 @@ void byte_cases(bool quick, int cc, Tally& t) {
   for (int cfg = 0; cfg < kNumConfigs; ++cfg)
     for (const ByteCase& c : cases)
       if ((c.ta == F32 || c.promote ? HasTf32Kernels(cfg) : HasByteKernels(cfg, c.ta != S8)) &&
-          selected(cfg))
+          (cc == 90 || (c.ta == S8 && kConfigs[cfg].kind == Kind::kSm80)) && selected(cfg))
         run_case(c, cfg, rng, t);
   std::printf("byte: %d of %d cases failed\n", t.failed - before, t.passed + t.failed - total);
 }

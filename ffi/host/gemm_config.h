@@ -88,15 +88,18 @@ constexpr bool HasRaggedKernels(int cfg) {
          (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
 }
 
-// Whether sm90 config cfg has kernels for 8-bit operands (K-major A and B; kernels/sm90/
-// kernels_sm90_byte.cu): int8 on the cooperative rows (a consumer thread holds at most 128
-// sums), the fp8 pairs on those whose consumers own one m64 block each (fp8 adds 64 registers
-// for the partial sums of one 64 x 128 piece of a k tile; with two m64 blocks, 256x128, ptxas
-// spilled 44 bytes in the main loop). The planner picks among these rows (configs.plan_byte).
+// Whether config cfg has kernels for 8-bit operands (K-major A and B). sm90 rows
+// (kernels/sm90/kernels_sm90_byte.cu): int8 on the cooperative rows (a consumer thread holds at
+// most 128 sums), the fp8 pairs on those whose consumers own one m64 block each (fp8 adds 64
+// registers for the partial sums of one 64 x 128 piece of a k tile; with two m64 blocks,
+// 256x128, ptxas spilled 44 bytes in the main loop). sm80 rows: int8 on every row
+// (kernels/sm80/kernels_s8.cu: mma.sync m16n8k32, one aligned variant each), the rows of
+// GPUs other than compute capability 9.0 and the fallback of the sm90 rows there. The planner
+// picks among these rows (configs.plan_byte).
 constexpr bool HasByteKernels(int cfg, bool fp8) {
   const GemmConfig& c = kConfigs[cfg];
-  return c.kind == Kind::kSm90 && !c.pingpong &&
-         (fp8 ? c.bm == 64 * c.consumers : !c.fp8_only);
+  if (c.kind == Kind::kSm80) return !fp8;
+  return !c.pingpong && (fp8 ? c.bm == 64 * c.consumers : !c.fp8_only);
 }
 
 // Whether sm90 config cfg has kernels for float32 operands (TF32 wgmma, K-major A and B;
@@ -128,11 +131,9 @@ constexpr bool Sm90StagesScales(int cfg) {
 constexpr bool Has16BitKernels(int cfg) { return !kConfigs[cfg].fp8_only; }
 
 // Elements of one k tile of config cfg for operands of `bytes` bytes: BK counts 16-bit
-// elements; an sm90 k tile is one 128-byte swizzle row, so 8-bit operands take twice BK and
-// float32 ones half.
-constexpr int KTileElems(int cfg, int bytes) {
-  return kConfigs[cfg].kind == Kind::kSm90 ? kConfigs[cfg].bk * 2 / bytes : kConfigs[cfg].bk;
-}
+// elements, a k tile is 2 BK bytes of K (sm90: one 128-byte swizzle row; sm80: BK 16-bit
+// elements, or BK pairs of int8), so 8-bit operands take twice BK and float32 ones half.
+constexpr int KTileElems(int cfg, int bytes) { return kConfigs[cfg].bk * 2 / bytes; }
 
 // Names of all configs, in table order; built once.
 inline const std::array<std::string, kNumConfigs>& ConfigNames() {

@@ -15,8 +15,8 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 // One bit per device: cudaFuncAttributeMaxDynamicSharedMemorySize already set for the kernel.
-std::atomic<uint64_t> g_smem_configured[2][kNumConfigs][kVariants];
-std::atomic<uint64_t> g_ragged_smem_configured[2][kNumConfigs][kVariants];  // grouped kernels
+std::atomic<uint64_t> g_smem_configured[kNumDTypes][kNumConfigs][kVariants];  // by operand type
+std::atomic<uint64_t> g_ragged_smem_configured[kNumDTypes][kNumConfigs][kVariants];  // grouped
 
 std::string CudaError(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
@@ -218,18 +218,26 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   const bool byte = IsByteOperand(pr.in_type);
   const bool kmajor_only = KMajorOnly(pr.in_type) || pr.promote;
   if (kmajor_only) {
-    // 8-bit, float32 (TF32) and promoted float16 operands: the sm90 kernels only (wgmma reads
-    // them K-major; promoted kernels exist so only), A and B of the same family, rows TMA can
-    // address (16-byte multiples), no grouping; no packing but 8-bit B's K-major copy
-    // (PlanWorkspace); their rows (HasByteKernels, HasTf32Kernels). The Python layer routes
+    // 8-bit, float32 (TF32) and promoted float16 operands: the sm90 kernels (wgmma reads them
+    // K-major; promoted kernels exist so only), and for int8 also the sm80 rows (mma.sync
+    // m16n8k32, K-major; an sm90 row with int8 kernels runs as its sm80 fallback off compute
+    // capability 9.0, as 16-bit products do); A and B of the same family, 16-byte aligned rows
+    // (TMA, and the int8 sm80 kernels' cp.async), no grouping; no packing but 8-bit B's K-major
+    // copy (PlanWorkspace); their rows (HasByteKernels, HasTf32Kernels). The Python layer routes
     // every other case through lax (or makes the operands so).
     const std::string what = byte ? "8-bit" : pr.promote ? "promoted float16" : "float32";
     if (pr.promote ? pr.in_type != DType::kF16 || pr.b_type != DType::kF16
                    : IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
       return pr.promote ? "promoted operands are float16 x float16" : what + " A needs " + what + " B";
-    if (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)
-      return what + " operands run on the sm90 kernels on compute capability 9.0 only (this "
-             "GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
+    const bool int8 = pr.in_type == DType::kS8;
+    if (int8 && kConfigs[config].kind == Kind::kSm90 && HasByteKernels(config, false) &&
+        dev.cc != 90)
+      config = Sm80Fallback(config);
+    if (!(int8 && kConfigs[config].kind == Kind::kSm80) &&
+        (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90))
+      return what + " operands run on the sm90 kernels on compute capability 9.0 only" +
+             (byte ? std::string(" (int8 also on the sm80 rows)") : std::string()) +
+             " (this GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
     if (!a_kmajor || !b_kmajor) return what + " operands are read K-major: A [M][K], B [N][K]";
     if (ragged || (pr.pack && !byte))
       return what + " operands run without grouping" + (byte ? "" : " or packing");

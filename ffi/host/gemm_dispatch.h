@@ -31,8 +31,11 @@ KernelEntry KernelF16A0(int config, int variant);
 KernelEntry KernelF16A1(int config, int variant);
 KernelEntry KernelBF16A0(int config, int variant);
 KernelEntry KernelBF16A1(int config, int variant);
+// Defined in kernels/sm80/kernels_s8.cu: the int8 kernels (A and B K-major, aligned).
+KernelEntry KernelS8(int config, int variant);
 inline KernelEntry Sm80Kernel(InType t, int config, int variant) {
   const bool ak = variant >= kVariants / 2;  // VariantIndex: A's layout is the top bit
+  if (t == InType::kS8) return KernelS8(config, variant);
   if (t == InType::kF16) return ak ? KernelF16A1(config, variant) : KernelF16A0(config, variant);
   return ak ? KernelBF16A1(config, variant) : KernelBF16A0(config, variant);
 }

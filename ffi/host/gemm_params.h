@@ -8,9 +8,10 @@ namespace tcgemm {
 
 // Element types of operands, epilogue inputs and outputs (the runtime side of
 // kernels/common/element.cuh, which maps each to its CUDA type and traits). Operands: kF16 or
-// kBF16 (every kernel family), or the 8-bit types (sm90 only, K-major A and B: wgmma reads
-// 8-bit operands K-major only): kE4M3 / kE5M2 (float8_e4m3fn / float8_e5m2, float32
-// accumulation) and kS8 (int8, exact int32 accumulation), or kF32 (sm90 only, K-major A and B:
+// kBF16 (every kernel family), or the 8-bit types (K-major A and B: wgmma reads 8-bit operands
+// K-major only): kE4M3 / kE5M2 (float8_e4m3fn / float8_e5m2, sm90 only, float32 accumulation)
+// and kS8 (int8, exact int32 accumulation; sm90, and sm80 rows: mma.sync m16n8k32), or kF32
+// (sm90 only, K-major A and B:
 // TF32 wgmma, float32 accumulation; the tensor cores read a float32's sign, exponent and 10
 // high mantissa bits). Results: kF16, kBF16, kF32, or kS32 (the exact product of int8
 // operands).
@@ -23,8 +24,8 @@ inline constexpr int DTypeBytes(DType t) {
 inline constexpr bool IsByteOperand(DType t) {
   return t == DType::kE4M3 || t == DType::kE5M2 || t == DType::kS8;
 }
-// Operand types wgmma reads K-major only, on the sm90 kernels only: the 8-bit types and
-// float32 (TF32).
+// Operand types the kernels read K-major only: the 8-bit types and float32 (TF32), on the sm90
+// kernels (int8 also on the sm80 rows).
 inline constexpr bool KMajorOnly(DType t) { return IsByteOperand(t) || t == DType::kF32; }
 
 // Most K slices of a split-K product (grid y); the FFI rejects more.
@@ -40,11 +41,12 @@ inline constexpr int kNumActivations = 5;
 // D[z][r][c] = act(alpha * rs[z][r] * cs[c] * acc[z][r][c] + beta * C[z][r][c] + bias[z][c]),
 // computed in float32 from the accumulator and rounded once to D's type (rs, cs: the optional
 // per-row and per-column scales of a scaled product, 1 when absent; 8-bit and promoted float16
-// operands only, so the sm90 kernels alone apply them). C is read through element strides
-// (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared by the batch
-// (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta come from
-// `scale` (device float32[2], traced values) when it is set. `aux`, when set, receives the
-// pre-activation value (D's type and layout): what the backward pass needs (kernels/aux/dact.cu).
+// operands only: the sm90 kernels and, for int8, the sm80 ones apply them). C is read through
+// element strides (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared
+// by the batch (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta
+// come from `scale` (device float32[2], traced values) when it is set. `aux`, when set,
+// receives the pre-activation value (D's type and layout): what the backward pass needs
+// (kernels/aux/dact.cu).
 struct EpilogueParams {
   const float* scale = nullptr;  // device [alpha, beta], or nullptr: the two fields below
   float alpha = 1.0f, beta = 0.0f;

@@ -103,9 +103,9 @@ __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
 
 // The scale of row r of item z (row_scale, 1 without) and of column c of item z (col_scale; 1
 // without, or past N): a scaled product's per-row / per-column factors. The sm90 kernels' epilogue
-// (epilogue_sm90.cuh) and the split-K reduction (epi_pre) apply them: scaled products have
-// 8-bit or promoted float16 operands (f16x3), which run there alone (LaunchGemm rejects the
-// scales anywhere else).
+// (epilogue_sm90.cuh) and epi_pre (the sm80 kernels' epilogue: int8; the split-K reductions)
+// apply them: scaled products have 8-bit or promoted float16 operands (f16x3); LaunchGemm
+// rejects the scales with any other.
 __device__ __forceinline__ float epi_row_scale(const EpilogueParams& ep, int64_t m, int64_t z,
                                                int64_t r) {
   return ep.row_scale ? __ldg(ep.row_scale + z * m + r) : 1.0f;

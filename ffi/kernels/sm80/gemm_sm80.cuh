@@ -7,10 +7,17 @@
 //   warp         : ldmatrix fragments, double-buffered across k16 steps (WarpFragments); with
 //                  sliced K (kWarpsK > 1) each k group of warps takes its share of every stage's
 //                  k16 steps, and the groups sum in shared memory after the loop (sum_k_groups)
-//   instruction  : mma.sync.m16n8k16, float32 accumulation (ptx/mma.cuh)
-//   epilogue     : each warp parks its float32 tile in shared memory, then streams it out in
-//                  coalesced rows through the common epilogue (kernels/common/epilogue.cuh;
-//                  store_tile)
+//   instruction  : mma.sync.m16n8k16, float32 accumulation; int8 operands: m16n8k32, exact
+//                  int32 accumulation (ptx/mma.cuh)
+//   epilogue     : each warp parks its tile in shared memory (float32, or int32 words: raw
+//                  sums of int8), then streams it out in coalesced rows through the common
+//                  epilogue (kernels/common/epilogue.cuh); split-K in a cluster and sliced K
+//                  sum there first (kernels/sm80/epilogue_sm80.cuh)
+//
+// int8 operands (T = int8_t: K-major A and B, aligned rows only) run the 16-bit kernel on
+// pairs of bytes: each pair of K is one 16-bit element to the loaders, the swizzle and
+// ldmatrix (K/2 of them), and the fragments of a k16 step of pairs are, byte for byte, those of
+// an m16n8k32 step of int8 (ptx/mma.cuh). A k tile is BK pairs, 2 BK of K (KTileElems).
 //
 // Operands are "K-major" (K contiguous: A untransposed, B transposed) or "MN-major" (M or N
 // contiguous: A transposed, B untransposed). Shared tiles keep the global orientation, so no
@@ -21,7 +28,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -30,16 +36,15 @@
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/ragged.cuh"
+#include "kernels/sm80/epilogue_sm80.cuh"
 #include "host/gemm_params.h"
-#include "ptx/cluster.cuh"
+#include "ptx/cluster.cuh"  // the kernel's cluster barriers (push reduction)
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
 #include "ptx/sreg.cuh"
 
 namespace tcgemm {
-
-namespace cg = cooperative_groups;
 
 // Physical chunk index of logical chunk `ch` in `row` of a tile with CPR 16-byte chunks per row.
 template <int CPR>
@@ -144,9 +149,22 @@ struct TileLoader {
   }
 };
 
+// The accumulator of operand type T (int8: exact int32 sums), the element type its loaders and
+// fragments move (int8: a pair of bytes as one 16-bit element), and the operand elements per
+// loaded element.
 template <typename T>
-__device__ __forceinline__ void mma_f32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __half>) {
+struct Sm80Operand {
+  static constexpr bool kInt = std::is_same_v<T, int8_t>;
+  using Acc = std::conditional_t<kInt, int, float>;
+  using Load = std::conditional_t<kInt, uint16_t, T>;
+  static constexpr int kPack = kInt ? 2 : 1;
+};
+
+template <typename T, typename Acc>
+__device__ __forceinline__ void mma(Acc (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    ptx::mma_m16n8k32_s32_s8_s8_s32(d, a, b);
+  } else if constexpr (std::is_same_v<T, __half>) {
     ptx::mma_m16n8k16_f32_f16_f16_f32(d, a, b);
   } else {
     ptx::mma_m16n8k16_f32_bf16_bf16_f32(d, a, b);
@@ -205,221 +223,16 @@ struct WarpFragments {
   }
 };
 
-// Copies a warp's parked float32 tile (kWM rows of kWN, kEpiRowBytes apart) out, one 16-byte
-// shared read per lane and step: through the epilogue into D (PARTIAL: raw to the split-K
-// partials at `partial`). Lane l always takes quad column l % kQuads and rows l / kQuads + i *
-// kRowStep: `off` is the output element offset of its first quad (row r, column c of batch
-// item z), `rows_left`/`cols_left` the rows and columns of the output from there on (<= 0:
-// outside it). Not unrolled: the epilogue's code (C loads, activations) once per kernel.
-template <int CFG, typename Out, bool PARTIAL>
-__device__ __forceinline__ void copy_rows(const GemmParams& p, EpiScale s, float* partial,
-                                          int64_t off, int64_t z, int64_t r, int64_t c,
-                                          const char* stage, int rows_left, int cols_left,
-                                          int lane) {
-  using Tr = ConfigTraits<CFG>;
-  constexpr int kQuads = Tr::kWN / 4;  // 4-float groups per row
-  static_assert(32 % kQuads == 0, "a lane keeps its quad column");
-  constexpr int kRowStep = 32 / kQuads;
-  const char* src = stage + (lane / kQuads) * Tr::kEpiRowBytes + (lane % kQuads) * 16;
-  const bool vec = p.n % 4 == 0;  // then every quad is aligned and inside its row
-  if (cols_left <= 0) return;
-#pragma unroll 1
-  for (int i = 0; i < Tr::kWM / kRowStep && i * kRowStep < rows_left;
-       ++i, off += kRowStep * p.n, src += kRowStep * Tr::kEpiRowBytes) {
-    const float4 q = *reinterpret_cast<const float4*>(src);
-    float v[4] = {q.x, q.y, q.z, q.w};
-    if constexpr (PARTIAL) store_vec<float, 4>(partial + off, v, cols_left, vec);
-    else epi_store<Out, 4>(p, s, z, r + i * kRowStep, c, v, off, cols_left, vec);
-  }
-}
-
-// Epilogue of a warp tile: the warp parks all of its accumulators as float32 in its private
-// shared area (kWM rows), then streams them out row by row (coalesced): through the epilogue
-// into D's M x N item `item`, or (split-K through the workspace, p.partial set) raw into the
-// partials' item `item` (slice * batch + z). z: the batch item of C and the bias row. Rows at
-// or past row_end are not stored.
-template <int CFG>
-__device__ __forceinline__ void store_tile(const GemmParams& p, int64_t item, int64_t z,
-                                           float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
-                                           char* stage, int64_t row0, int64_t col0,
-                                           int64_t row_end, int lane) {
-  using Tr = ConfigTraits<CFG>;
-  constexpr int kQuads = Tr::kWN / 4;
-  const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < Tr::kNI; ++ni)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(stage + (mi * 16 + g + 8 * h) * Tr::kEpiRowBytes +
-                                   (ni * 8 + 2 * q) * 4) =
-            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-  __syncwarp();
-  const int64_t r = row0 + lane / kQuads, c = col0 + (lane % kQuads) * 4;
-  const int64_t off = item * p.m * p.n + r * p.n + c;  // output offset of the lane's first quad
-  const int rows_left = static_cast<int>(min(row_end - r, int64_t(Tr::kWM)));
-  const int cols_left = static_cast<int>(min(p.n - c, int64_t(4)));
-  const EpiScale s = epi_scale(p);
-  if (p.partial) {
-    copy_rows<CFG, float, true>(p, s, p.partial, off, z, r, c, stage, rows_left, cols_left, lane);
-  } else {
-    with_dtype(p.d_type, [&](auto out) {
-      copy_rows<CFG, decltype(out), false>(p, s, nullptr, off, z, r, c, stage, rows_left,
-                                           cols_left, lane);
-    });
-  }
-  __syncwarp();
-}
-
-// Calls f(mi, ni, h, i) for each pair of accumulators (acc[mi][ni][2h], acc[mi][ni][2h + 1])
-// a thread holds: i is the pair's float index in the block's [BM][kClusterLd] float32 tile.
-template <int CFG, typename F>
-__device__ __forceinline__ void for_each_acc_pair(int wm0, int wn0, int lane, F&& f) {
-  using Tr = ConfigTraits<CFG>;
-  const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < Tr::kNI; ++ni)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        f(mi, ni, h, (wm0 + mi * 16 + g + 8 * h) * Tr::kClusterLd + wn0 + ni * 8 + 2 * q);
-}
-
-// Stores a warp's accumulators into a float32 [BM][kClusterLd] tile in shared memory (the
-// layout of for_each_acc_pair), for another warp or block to add.
-template <int CFG>
-__device__ __forceinline__ void park_acc(
-    float* tile, const float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], int wm0,
-    int wn0, int lane) {
-  for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-    *reinterpret_cast<float2*>(tile + i) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-  });
-}
-
-// Sliced K (kWarpsK > 1), after the main loop: k groups 1.. park their accumulators as float32
-// tiles ([BM][kClusterLd] each) at the start of shared memory, and group 0 adds them in group
-// order (deterministic); from then on only group 0's warps hold the block's sums. Shared
-// memory is free again on return.
-template <int CFG>
-__device__ __forceinline__ void sum_k_groups(
-    float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, int wk, int wm0,
-    int wn0, int lane) {
-  using Tr = ConfigTraits<CFG>;
-  auto park = [&](int g) {  // k group g's (>= 1) float32 tile
-    return reinterpret_cast<float*>(smem) + (g - 1) * Tr::kBM * Tr::kClusterLd;
-  };
-  if (wk > 0) park_acc<CFG>(park(wk), acc, wm0, wn0, lane);
-  __syncthreads();
-  if (wk == 0)
-#pragma unroll
-    for (int g = 1; g < Tr::kWarpsK; ++g)
-      for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-        const float2 v = *reinterpret_cast<const float2*>(park(g) + i);
-        acc[mi][ni][2 * h] += v.x;
-        acc[mi][ni][2 * h + 1] += v.y;
-      });
-  __syncthreads();
-}
-
-// Split-K inside a thread block cluster (sm_90+; the dispatcher launches the split_k slices of
-// an output tile as one cluster along grid y and sets p.cluster_reduce = 1): every CTA parks its
-// float32 accumulators in its own shared memory ([BM][BN + 4] floats), and after a cluster
-// barrier CTA r sums rows r, r + S, r + 2S, ... of the tile over the S CTAs' shared memory
-// (distributed shared memory), always in rank order (bitwise deterministic, the same order as
-// the workspace reduction), and writes them to C. A second barrier keeps every CTA's shared
-// memory alive until the others have read it. No workspace, no second launch. `holds`: this
-// thread's warp holds the block's sums (sliced K: k group 0); every thread takes part.
-template <int CFG>
-__device__ __forceinline__ void cluster_reduce_store(
-    const GemmParams& p, int64_t z, float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4],
-    char* smem, int64_t m0, int64_t n0, bool holds, int wm0, int wn0, int tid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Tr = ConfigTraits<CFG>;
-  constexpr int kLd = Tr::kClusterLd;
-  float* tile = reinterpret_cast<float*>(smem);
-  if (holds) park_acc<CFG>(tile, acc, wm0, wn0, tid & 31);
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int slices = static_cast<int>(cluster.num_blocks());
-  constexpr int kQuads = Tr::kBN / 4;
-  const EpiScale es = epi_scale(p);
-  const bool vec = p.n % 4 == 0;
-  for (int idx = tid;; idx += Tr::kThreads) {
-    const int row = rank + (idx / kQuads) * slices, qd = idx % kQuads;
-    if (row >= Tr::kBM) break;
-    const int64_t gr = m0 + row, gc = n0 + qd * 4;
-    if (gr >= p.m || gc >= p.n) continue;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < slices; ++s) {
-      const float4 v = *reinterpret_cast<const float4*>(
-          cluster.map_shared_rank(tile + row * kLd + qd * 4, s));
-      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-    }
-    float v[4] = {sum.x, sum.y, sum.z, sum.w};
-    with_dtype(p.d_type, [&](auto out) {
-      epi_store<decltype(out), 4>(p, es, z, gr, gc, v, (z * p.m + gr) * p.n + gc,
-                                  static_cast<int>(p.n - gc), vec);
-    });
-  }
-  cluster.sync();
-#endif
-}
-
-// Split-K in a cluster of two by push (ConfigTraits::kPushReduce: small tiles; the dispatcher
-// sets p.cluster_reduce = 2), where only the leader waits. Slice 1 stores its float32
-// accumulators straight into the receive slot of the leader's (rank 0's) shared memory, which
-// lies past the block's own kSmemBytes and is never touched by the leader's pipeline, arrives
-// on the cluster barrier (release) and is done; the leader arrives, waits (acquire), adds the
-// slot to its own accumulators (0 + own + slot: bitwise the sums of cluster_reduce_store and
-// of the workspace reduction) and stores C through the usual staged epilogue. The kernel's
-// first cluster barrier phase (arrived at its start) must have completed: both blocks run.
-// With another batch item to come (`more`), a second phase keeps the slot until the leader
-// has read it. Every thread takes part; those whose warp `holds` the block's sums (sliced K:
-// k group 0) move them. Returns whether this thread stores C (the leader's that hold them).
-template <int CFG>
-__device__ __forceinline__ bool cluster_push_reduce(
-    float (&acc)[ConfigTraits<CFG>::kMI][ConfigTraits<CFG>::kNI][4], char* smem, bool more,
-    bool holds, int wm0, int wn0, int lane) {
-  using Tr = ConfigTraits<CFG>;
-  const float* slot = reinterpret_cast<const float*>(smem + Tr::kSmemBytes);
-  if (ptx::cluster_rank() != 0) {
-    const uint32_t leader_slot = ptx::map_to_rank(ptx::cvta_to_shared(slot), 0);
-    if (holds)
-      for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-        ptx::st_cluster_v2_f32(leader_slot + 4 * i, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-      });
-    ptx::cluster_arrive();
-    if (more) {  // this phase, then the one in which the leader has read the slot
-      ptx::cluster_wait();
-      ptx::cluster_arrive();
-      ptx::cluster_wait();
-    }
-    return false;
-  }
-  ptx::cluster_arrive();
-  ptx::cluster_wait();
-  if (holds)
-    for_each_acc_pair<CFG>(wm0, wn0, lane, [&](int mi, int ni, int h, int i) {
-      const float2 v = *reinterpret_cast<const float2*>(slot + i);
-      acc[mi][ni][2 * h] = 0.0f + acc[mi][ni][2 * h] + v.x;
-      acc[mi][ni][2 * h + 1] = 0.0f + acc[mi][ni][2 * h + 1] + v.y;
-    });
-  if (more) {
-    ptx::cluster_arrive();
-    ptx::cluster_wait();
-  }
-  return holds;
-}
-
 // RAGGED: a grouped product (p.ragged; split 1, no cluster): block x runs item x of the
 // grouped work list (kernels/common/ragged.cuh; blocks past its end only zero), and the rows
 // past the last group are zeroed by all blocks.
 template <typename T, int CFG, bool A_KMAJOR, bool B_KMAJOR, bool ALIGNED, bool RAGGED = false>
 __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kernel(GemmParams p) {
   using Tr = ConfigTraits<CFG>;
+  using Op = Sm80Operand<T>;
+  using Acc = typename Op::Acc;
+  static_assert(!Op::kInt || (A_KMAJOR && B_KMAJOR && ALIGNED && !RAGGED),
+                "int8 operands: K-major A and B with 16-byte aligned rows, no grouping");
   extern __shared__ __align__(128) char smem[];
   const uint32_t smem_base = ptx::cvta_to_shared(smem);
   const bool push = !RAGGED && Tr::kPushReduce && p.cluster_reduce == 2;
@@ -427,9 +240,11 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
                                             // hides it): every block of the cluster has started
   auto a_tile = [&](int s) { return smem_base + s * Tr::kStageBytes; };
   auto b_tile = [&](int s) { return smem_base + s * Tr::kStageBytes + Tr::kBM * Tr::kBK * Tr::kElem; };
-  using LoadA = TileLoader<T, A_KMAJOR ? Tr::kBM : Tr::kBK, A_KMAJOR ? Tr::kBK : Tr::kBM,
+  using LoadA = TileLoader<typename Op::Load, A_KMAJOR ? Tr::kBM : Tr::kBK,
+                           A_KMAJOR ? Tr::kBK : Tr::kBM,
                            Tr::kThreads, ALIGNED, !A_KMAJOR>;
-  using LoadB = TileLoader<T, B_KMAJOR ? Tr::kBN : Tr::kBK, B_KMAJOR ? Tr::kBK : Tr::kBN,
+  using LoadB = TileLoader<typename Op::Load, B_KMAJOR ? Tr::kBN : Tr::kBK,
+                           B_KMAJOR ? Tr::kBK : Tr::kBN,
                            Tr::kThreads, ALIGNED, !B_KMAJOR>;
   constexpr bool kSplitLoads = !ALIGNED && Tr::kSplitElementLoads;
 
@@ -468,13 +283,16 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     // This block's K slice (grid y): k tiles [kt_begin, kt_begin + ktiles), elements
     // [k_begin, k_end). The loaders see K as ending at k_end: the main loop fetches S-1 tiles
     // past the slice unconditionally, and those come back as zeros without reading memory.
+    // Counted in loaded elements (int8: pairs; K, the leading dimensions and the batch strides
+    // are even, checked by the host).
+    const int64_t k_all = p.k / Op::kPack;
     const int split = ptx::ctaid_y();
-    const int ktiles_all = static_cast<int>((p.k + Tr::kBK - 1) / Tr::kBK);
+    const int ktiles_all = static_cast<int>((k_all + Tr::kBK - 1) / Tr::kBK);
     const int kt_begin = split * p.k_tiles_per_split;
     // RAGGED: the item's k range (a contraction group's rows: zeros past its end).
     const int ktiles = RAGGED ? rt.ktiles : max(0, min(ktiles_all - kt_begin, p.k_tiles_per_split));
     const int64_t k_begin = RAGGED ? rt.kbase : int64_t(kt_begin) * Tr::kBK;
-    const int64_t k_end = RAGGED ? rt.kend : min(p.k, k_begin + int64_t(ktiles) * Tr::kBK);
+    const int64_t k_end = RAGGED ? rt.kend : min(k_all, k_begin + int64_t(ktiles) * Tr::kBK);
     const int64_t zo = RAGGED ? rt.g : z;  // operand item (ragged: B's group; stride_a is 0)
 
     // Global views: A is [M][K] (K-major) or [K][M]; B is [N][K] (K-major) or [K][N]; rows are
@@ -483,22 +301,23 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
     const int64_t b_rows = B_KMAJOR ? p.n : k_end, b_cols = B_KMAJOR ? k_end : p.n;
     LoadA load_a;
     LoadB load_b;
-    load_a.init(static_cast<const T*>(p.a) + zo * p.stride_a, a_rows, a_cols, p.lda,
-                A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
-    load_b.init(static_cast<const T*>(p.b) + zo * p.stride_b, b_rows, b_cols, p.ldb,
-                B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
+    using Load = typename Op::Load;
+    load_a.init(static_cast<const Load*>(p.a) + zo * (p.stride_a / Op::kPack), a_rows, a_cols,
+                p.lda / Op::kPack, A_KMAJOR ? m0 : k_begin, A_KMAJOR ? k_begin : m0, tid);
+    load_b.init(static_cast<const Load*>(p.b) + zo * (p.stride_b / Op::kPack), b_rows, b_cols,
+                p.ldb / Op::kPack, B_KMAJOR ? n0 : k_begin, B_KMAJOR ? k_begin : n0, tid);
     auto load_stage = [&](int s) {  // the next k tile of A and B into stage s
       load_a.load_next(a_tile(s));
       load_b.load_next(b_tile(s));
     };
 
-    float acc[Tr::kMI][Tr::kNI][4];
+    Acc acc[Tr::kMI][Tr::kNI][4];
 #pragma unroll
     for (int mi = 0; mi < Tr::kMI; ++mi)
 #pragma unroll
       for (int ni = 0; ni < Tr::kNI; ++ni)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = Acc(0);
 
     // Prologue: stages 0..S-2 in flight, one commit group each (empty past the last k tile).
 #pragma unroll
@@ -545,7 +364,7 @@ __global__ void __launch_bounds__(ConfigTraits<CFG>::kThreads, 1) gemm_sm80_kern
 #pragma unroll
           for (int nj = 0; nj < Tr::kNI; ++nj) {
             const int ni = (mi & 1) ? Tr::kNI - 1 - nj : nj;  // serpentine: reuse B registers
-            mma_f32<T>(acc[mi][ni], f.a[mi], f.b[ni]);
+            mma<T>(acc[mi][ni], f.a[mi], f.b[ni]);
           }
         if constexpr (kSplitLoads) {
           const int s_load = (kt + Tr::kStages - 1) % Tr::kStages;

@@ -2,6 +2,8 @@
 // once. Included by one .cu per input type and layout of A.
 #pragma once
 #include <array>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "host/gemm_dispatch.h"
@@ -39,31 +41,42 @@ KernelEntry LookupKernel(int config, int variant, std::integer_sequence<int, CFG
   return table[config][variant % (kVariants / 2)];
 }
 
-// The grouped (ragged) kernels of config CFG (HasRaggedKernels), for aligned operands only
-// (the caller pads K and N to multiples of 8), indexed by VariantIndex: rows (A K-major, B
-// N-major or K-major) and the contraction (A M-major, B N-major). Empty for other rows.
-template <typename T, int CFG>
-std::array<KernelEntry, kVariants> RaggedEntries() {
+// The kernels of config CFG in a family that runs aligned operands only, indexed by
+// VariantIndex (an entry without fn elsewhere):
+// - grouped (RAGGED), on the rows with HasRaggedKernels: rows (A K-major, B N-major or
+//   K-major) and the contraction (A M-major, B N-major); the caller pads K and N to multiples
+//   of 8;
+// - int8 (T int8_t), on the sm80 rows with HasByteKernels(CFG, false): A and B K-major (int8
+//   pairs read as 16-bit elements: gemm_sm80.cuh).
+template <typename T, int CFG, bool RAGGED>
+std::array<KernelEntry, kVariants> AlignedEntries() {
   std::array<KernelEntry, kVariants> t{};
-  if constexpr (kConfigs[CFG].kind == Kind::kSm80 && HasRaggedKernels(CFG)) {
-    t[VariantIndex(true, false, true)] = MakeEntry<T, CFG, true, false, true, true>();
-    t[VariantIndex(true, true, true)] = MakeEntry<T, CFG, true, true, true, true>();
-    t[VariantIndex(false, false, true)] = MakeEntry<T, CFG, false, false, true, true>();
+  if constexpr (kConfigs[CFG].kind != Kind::kSm80) {
+    return t;
+  } else if constexpr (RAGGED) {
+    if constexpr (HasRaggedKernels(CFG)) {
+      t[VariantIndex(true, false, true)] = MakeEntry<T, CFG, true, false, true, true>();
+      t[VariantIndex(true, true, true)] = MakeEntry<T, CFG, true, true, true, true>();
+      t[VariantIndex(false, false, true)] = MakeEntry<T, CFG, false, false, true, true>();
+    }
+  } else if constexpr (std::is_same_v<T, int8_t> && HasByteKernels(CFG, false)) {
+    t[VariantIndex(true, true, true)] = MakeEntry<T, CFG, true, true, true>();
   }
   return t;
 }
 
-template <typename T, int... CFGs>
-KernelEntry LookupRaggedKernel(int config, int variant, std::integer_sequence<int, CFGs...>) {
-  static const std::array<KernelEntry, kVariants> table[] = {RaggedEntries<T, CFGs>()...};
+template <typename T, bool RAGGED, int... CFGs>
+KernelEntry LookupAlignedKernel(int config, int variant, std::integer_sequence<int, CFGs...>) {
+  static const std::array<KernelEntry, kVariants> table[] = {AlignedEntries<T, CFGs, RAGGED>()...};
   return table[config][variant];
 }
 
-// The grouped kernels of one operand type: one translation unit each (kernels_ragged_*.cu).
-#define TCGEMM_SM80_RAGGED_KERNELS(NAME, T)                                              \
+// The grouped kernels of one operand type, and the int8 kernels: one translation unit each
+// (kernels_ragged_*.cu, kernels_s8.cu).
+#define TCGEMM_SM80_ALIGNED_KERNELS(NAME, T, RAGGED)                                     \
   KernelEntry NAME(int config, int variant) {                                           \
-    return LookupRaggedKernel<T>(config, variant,                                       \
-                                 std::make_integer_sequence<int, kNumConfigs>{});        \
+    return LookupAlignedKernel<T, RAGGED>(config, variant,                              \
+                                          std::make_integer_sequence<int, kNumConfigs>{}); \
   }
 
 // The kernels of one operand type and one layout of A: one translation unit each

@@ -3,5 +3,5 @@
 #include "kernels/sm80/kernels.cuh"
 
 namespace tcgemm {
-TCGEMM_SM80_RAGGED_KERNELS(RaggedKernelBF16, __nv_bfloat16)
+TCGEMM_SM80_ALIGNED_KERNELS(RaggedKernelBF16, __nv_bfloat16, true)
 }  // namespace tcgemm

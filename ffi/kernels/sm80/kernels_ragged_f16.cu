@@ -3,5 +3,5 @@
 #include "kernels/sm80/kernels.cuh"
 
 namespace tcgemm {
-TCGEMM_SM80_RAGGED_KERNELS(RaggedKernelF16, __half)
+TCGEMM_SM80_ALIGNED_KERNELS(RaggedKernelF16, __half, true)
 }  // namespace tcgemm

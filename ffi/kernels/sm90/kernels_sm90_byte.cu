@@ -17,7 +17,8 @@ namespace {
 template <typename TA, typename TB, int CFG>
 Sm90Entry ByteEntry() {
   constexpr bool fp8 = !std::is_same_v<TA, int8_t>;
-  if constexpr (HasByteKernels(CFG, fp8)) return MakeSm90<Sm90Operands<TA, TB>, CFG, true, true>();
+  if constexpr (kConfigs[CFG].kind == Kind::kSm90 && HasByteKernels(CFG, fp8))
+    return MakeSm90<Sm90Operands<TA, TB>, CFG, true, true>();
   else return Sm90Entry{};
 }
 
