@@ -43,6 +43,14 @@ def _sm90():
     return configs.device_arch() == (9, 0)
 
 
+def _sm80_up():  # int8 runs on our kernels from 8.0 on (sm90 rows on 9.0, sm80 rows elsewhere)
+    return configs.device_arch() is not None and configs.device_arch() >= (8, 0)
+
+
+NOT_SM90 = "the 8-bit kernels run on compute capability 9.0 only"
+NOT_SM80 = "the int8 kernels need compute capability 8.0+"
+
+
 def quantised(rng, shape, dtype):
     """Random values of an 8-bit dtype: int8 uniform in [-127, 127]; fp8 N(0, 1) rounded."""
     if dtype == I8:
@@ -145,10 +153,12 @@ def _cases(pair):
     return out
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
 def test_scaled_products(pair):
     ta, tb_dtype = pair
+    if ta != I8 and not _sm90():
+        pytest.skip(NOT_SM90)
     fails = []
     for shape, tb, out_dtype, (fa, fb), (cform, act, beta) in _cases(pair):
         m, n, k = shape
@@ -188,7 +198,7 @@ def test_scaled_products(pair):
     assert not fails, "\n".join(fails)
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 @pytest.mark.parametrize("shape", [(200, 136, 512), (1, 300, 64), (1000, 1000, 4096),
                                    (3, 4, 5, 32), (300, 1024, 784)])
 @pytest.mark.parametrize("transpose_b", [False, True])
@@ -208,7 +218,7 @@ def test_int8_exact(shape, transpose_b):
     np.testing.assert_array_equal(out, want.astype(np.int32))
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
 def test_lax_path_agrees(pair):
     """K not a multiple of 16 runs through lax (no kernel); K = 1040 on the kernel: both agree
@@ -228,7 +238,7 @@ def test_lax_path_agrees(pair):
         assert rel_err(out, want) <= tol, (k, rel_err(out, want))
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 def test_grad_wrt_scales_and_vmap():
     """grad with respect to the scales, bias and c through the kernel path equals the lax
     path's; vmap over a batch of b runs (sequentially) and matches the per-item products."""
@@ -258,7 +268,7 @@ def test_grad_wrt_scales_and_vmap():
         assert rel_err(out[i], want) <= FP8_F32_BOUND
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 @pytest.mark.parametrize("pair", PAIRS[:3], ids=lambda p: f"{p[0].name}x{p[1].name}")
 def test_block_scales(pair):
     """DeepSeek-V3 block scales (a: 1 x 128, b: 128 x 128) in the kernel's main loop: shapes
@@ -290,7 +300,7 @@ def test_block_scales(pair):
 FP8_ROWS = tuple(c.name for c in configs.CONFIGS if c.fp8)
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 @pytest.mark.parametrize("row", FP8_ROWS)
 def test_every_fp8_row(row, monkeypatch):
     """Each sm90 row with fp8 kernels, forced (whatever the planner would pick), with 1-3 K
@@ -323,11 +333,7 @@ def test_every_fp8_row(row, monkeypatch):
 INT8_SM80_ROWS = tuple(c.name for c in configs.CONFIGS if c.int8 and c.kind == "sm80")
 
 
-def _sm80_up():
-    return configs.device_arch() is not None and configs.device_arch() >= (8, 0)
-
-
-@pytest.mark.skipif(not _sm80_up(), reason="the sm80 int8 kernels need compute capability 8.0+")
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 @pytest.mark.parametrize("row", INT8_SM80_ROWS)
 def test_every_int8_sm80_row(row, monkeypatch):
     """Each sm80 row's int8 kernel (mma.sync m16n8k32 on int8 pairs: what int8 runs on off
@@ -388,7 +394,7 @@ def test_every_int8_sm80_row(row, monkeypatch):
     assert not fails, "\n".join(fails)
 
 
-@pytest.mark.skipif(not _sm80_up(), reason="the sm80 int8 kernels need compute capability 8.0+")
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 def test_fp8_on_an_sm80_row_is_an_error(monkeypatch):
     """fp8 has no sm80 kernel: forced onto an sm80 row, the call fails with the handler's
     message (no silent wrong answer)."""
@@ -402,7 +408,7 @@ def test_fp8_on_an_sm80_row_is_an_error(monkeypatch):
             a, b, 1.0, 1.0, transpose_b=True))(a, b))
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 @pytest.mark.parametrize("dims", [(((1,), (0,)), ((), ())), (((2,), (1,)), ((), ())),
                                   (((0,), (0,)), ((), ()))], ids=str)
 def test_int8_dot_general(dims):
@@ -428,7 +434,7 @@ def test_int8_dot_general(dims):
         np.testing.assert_array_equal(np.asarray(jax.jit(mm)(a, b)), want)
 
 
-@pytest.mark.skipif(not _sm90(), reason="the 8-bit kernels run on compute capability 9.0 only")
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 def test_scaled_fuzz():
     """Seeded fuzz over random shapes (K a multiple of 16, or not: the lax path), dtype pairs,
     scale forms (block included), output dtypes, epilogues and b layouts:
