@@ -6,15 +6,16 @@ block scales, composed with the fused epilogue (issue 26).
 in float32 (int8: exact int32 products), rounded once to out_dtype.
 
 Two paths compute it, with the same numbers (up to float32 summation order):
-- the kernels, for K a multiple of 16: on a GPU of compute capability 9.0, one call of the sm90
+- the kernels: on a GPU of compute capability 9.0, one call of the sm90
   8-bit kernels (wgmma; ffi/kernels/sm90/kernels_sm90_byte.cu) does the product, the scales
   (block scales of fp8 in the main loop, the others in the epilogue) and the whole epilogue;
   int8 on other GPUs from 8.0 on, one call of the sm80 int8 kernels (mma.sync m16n8k32;
   ffi/kernels/sm80/kernels_s8.cu) does the same (no block scales: those are fp8's). Both read
   b K-major, as (N, K): a b given as (K, N) is copied K-major by the same call first (one pass
-  over b; pass transpose_b=True with a (N, K) b to avoid it);
-- lax (everywhere else: CPU, fp8 off compute capability 9.0, GPUs before 8.0, K not a
-  multiple of 16, int8 with block scales):
+  over b; pass transpose_b=True with a (N, K) b to avoid it). They take K a multiple of 16: a
+  and b with another K are padded with zeros along K first (_padded_plan);
+- lax (everywhere else: CPU, fp8 off compute capability 9.0, GPUs before 8.0, int8 with block
+  scales):
   lax.dot_general with float32 / int32 accumulation, the scales applied to the float32
   accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels'
   tests, and it defines the derivatives of both paths.
@@ -319,12 +320,27 @@ _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
 def kernel_config(kind, r, n, k, form):
-    """(row, K slices) that run this product (configs.plan_byte), or None where lax does (int8
-    with block scales, K not a multiple of 16, no extension, fp8 on a device other than compute
+    """(row, K slices) that run this product (configs.plan_byte; K a multiple of 16), or None
+    where lax does (int8 with block scales, no extension, fp8 on a device other than compute
     capability 9.0, int8 on one below 8.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available():
         return None
     return configs.plan_byte(r, n, k, kind, block_scales=form == "block")
+
+
+def _padded_plan(a2, b, kind, n, form, transpose_b):
+    """(a2, b, plan): the kernels take K a multiple of 16 (16-byte rows); any other K runs on
+    them too, with a2 and b padded with zeros along K to the next multiple (exact: the padding's
+    products are zero, and the block scales' 128-slices stay as they are), wherever they run.
+    XLA's own int8 GEMM gave twice the product for some such K on the H200 (K = 33-35, 63; jax
+    0.11.2; benchmarks/NOTES.md v61): lax is left only where no kernel runs."""
+    r, k = a2.shape
+    kp = -(-k // 16) * 16
+    plan = kernel_config(kind, r, n, kp, form)
+    if plan is not None and kp != k:
+        a2 = jnp.pad(a2, ((0, 0), (0, kp - k)))
+        b = jnp.pad(b, ((0, 0), (0, kp - k)) if transpose_b else ((0, kp - k), (0, 0)))
+    return a2, b, plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,11 +350,12 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     """D = activation(sum_k a[..., m, k] * b[k, n] * scales + beta * c + bias): fp8 / int8
     GEMM with scales (issue 26).
 
-    On an H100/H200 (compute capability 9.0) with K a multiple of 16, one call of the sm90 8-bit
-    kernels computes everything (product, scales, epilogue); int8 on other GPUs from 8.0 on
-    (A100, L4, ...), one call of the sm80 int8 kernels. A (K, N) b is copied K-major by the
-    call first (the kernels read b as (N, K)). int8 with block scales, fp8 off 9.0, other K and
-    the CPU run through lax (module docstring); the numbers are the same contract.
+    On an H100/H200 (compute capability 9.0), one call of the sm90 8-bit kernels computes
+    everything (product, scales, epilogue); int8 on other GPUs from 8.0 on (A100, L4, ...), one
+    call of the sm80 int8 kernels. A (K, N) b is copied K-major by the call first (the kernels
+    read b as (N, K)); a K that is not a multiple of 16 is padded with zeros first. int8 with
+    block scales, fp8 off 9.0 and the CPU run through lax (module docstring); the numbers are
+    the same contract.
 
     a: (..., M, K); b: (K, N), or (N, K) with transpose_b (K-major b: what Hopper fp8 wgmma
     reads). Leading batch dims of a are folded into M (b is shared; vmap for a batched b).
@@ -421,8 +438,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
             sb = sb.T  # (Kb, Nb): tiny
     elif kind == "int8" and out_dtype == I32:
         st = (form, bool(transpose_b), kind, None, out_dtype, 1.0, 0.0, bsz, m, n)
-        args = (a.reshape(bsz * m, k), b, None, None, None, None, None, st)
-        config = kernel_config(kind, bsz * m, n, k, form)
+        a2, b, config = _padded_plan(a.reshape(bsz * m, k), b, kind, n, form, transpose_b)
+        args = (a2, b, None, None, None, None, None, st)
         out = _reference(*args) if config is None else _fused(*args, config)
         return out.reshape(out_shape)
 
@@ -432,8 +449,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
                                                             "scaled_matmul", desc)
     al, be, scale = epilogue.scale_operand(1.0, beta, "scaled_matmul")
     st = (form, bool(transpose_b), kind, activation, out_dtype, al, be, bsz, m, n)
-    a2 = a.reshape(bsz * m, k)
-    config = kernel_config(kind, bsz * m, n, k, form)
+    a2, b, config = _padded_plan(a.reshape(bsz * m, k), b, kind, n, form, transpose_b)
     if config is None:
         out = _reference(a2, b, sa, sb, c3, bias2, scale, st)
     else:

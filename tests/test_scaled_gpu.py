@@ -9,8 +9,8 @@ to the exact product, then the epilogue (conftest.epilogue64); int8 -> int32 is 
 bit-exactly with the int64 product. Every product runs twice into fresh poisoned buffers
 donated for its output (conftest.poisoned): an element never written keeps the poison, a racy
 one differs between the runs. Each case also asserts that the kernel ran (the compiled HLO
-calls the tcgemm custom call), and that products with K not a multiple of 16 take the lax path
-and agree all the same.
+calls the tcgemm custom call), products with K not a multiple of 16 included (a and b padded
+with zeros along K).
 """
 from __future__ import annotations
 
@@ -220,22 +220,34 @@ def test_int8_exact(shape, transpose_b):
 
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
-def test_lax_path_agrees(pair):
-    """K not a multiple of 16 runs through lax (no kernel); K = 1040 on the kernel: both agree
-    with the float64 reference within the output dtype's bound."""
+def test_k_not_a_multiple_of_16(pair):
+    """K not a multiple of 16 runs on the kernel too, a and b padded with zeros along K
+    (scaled._padded_plan), against the float64 reference; int8 -> int32 bit-exact at K = 33-35
+    and 63, where XLA's own int8 GEMM gave twice the product on the H200 (jax 0.11.2)."""
     ta, tb_dtype = pair
-    for k, kernel in ((1032 + 1, False), (1040, True)):
-        rng = np.random.default_rng(seed_of("lax", ta.name, tb_dtype.name, k))
-        a, b = quantised(rng, (96, k), ta), quantised(rng, (k, 80), tb_dtype)
+    for k, tb in ((1033, False), (33, True), (63, False), (130, True)):
+        rng = np.random.default_rng(seed_of("padk", ta.name, tb_dtype.name, k))
+        a = quantised(rng, (96, k), ta)
+        b = quantised(rng, (80, k) if tb else (k, 80), tb_dtype)
         sa, sb = scales(rng, "row", 96), scales(rng, "tensor", 1)
 
         def fn(a, b, sa, sb):
-            return tg.scaled_matmul(a, b, sa, sb, out_dtype=jnp.float32)
-        assert uses_kernel(fn, a, b, sa, sb) == kernel
+            return tg.scaled_matmul(a, b, sa, sb, out_dtype=jnp.float32, transpose_b=tb)
+        assert uses_kernel(fn, a, b, sa, sb), k
         out = np.asarray(jax.jit(fn)(a, b, sa, sb))
-        want = reference(a, b, sa, sb, None, None, 0.0, None, False)
+        want = reference(a, b, sa, sb, None, None, 0.0, None, tb)
         tol = FP8_F32_BOUND if ta != I8 else bound(F32, k)
         assert rel_err(out, want) <= tol, (k, rel_err(out, want))
+    if ta == I8:
+        for k in (33, 34, 35, 63, 1):
+            rng = np.random.default_rng(seed_of("padk32", k))
+            a, b = quantised(rng, (131, k), I8), quantised(rng, (681, k), I8)
+
+            def f32(a, b):
+                return tg.scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=True)
+            assert uses_kernel(f32, a, b), k
+            np.testing.assert_array_equal(np.asarray(jax.jit(f32)(a, b)),
+                                          a.astype(np.int64) @ b.T.astype(np.int64))
 
 
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
@@ -435,15 +447,20 @@ def test_int8_dot_general(dims):
 
 
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
-def test_scaled_fuzz():
-    """Seeded fuzz over random shapes (K a multiple of 16, or not: the lax path), dtype pairs,
+def test_scaled_fuzz(monkeypatch):
+    """Seeded fuzz over random shapes (K a multiple of 16, or not: padded), dtype pairs,
     scale forms (block included), output dtypes, epilogues and b layouts:
     $TCGEMM_SCALED_FUZZ_CASES cases (default 200; seed $TCGEMM_FUZZ_SEED), each against
-    float64 of the quantised values, into a poisoned output."""
+    float64 of the quantised values, into a poisoned output. Half the int8 cases run forced on
+    a random sm80 row with 1-9 K slices (the int8 kernels of other GPUs; drawn from a second
+    stream, so the cases are those of the plain fuzz)."""
     import os
+    from jax_tcgemm import scaled
     n_cases = int(os.environ.get("TCGEMM_SCALED_FUZZ_CASES", "200"))
-    rng = np.random.default_rng(int(os.environ.get("TCGEMM_FUZZ_SEED", "0")) + 26)
-    fails = []
+    seed = int(os.environ.get("TCGEMM_FUZZ_SEED", "0"))
+    rng, pick = np.random.default_rng(seed + 26), np.random.default_rng(seed + 80)
+    planned = scaled.kernel_config
+    fails, n_forced = [], 0
     for i in range(n_cases):
         ta, tbd = PAIRS[rng.integers(len(PAIRS))]
         m, n = (int(x) for x in rng.integers(1, 700, 2))
@@ -466,6 +483,10 @@ def test_scaled_fuzz():
             else:
                 sa = (sa * np.float32(1 / 4096)).astype(np.float32)
         bias = rng.standard_normal(n).astype(np.float32) if act else None
+        row = (INT8_SM80_ROWS[pick.integers(len(INT8_SM80_ROWS))], int(pick.integers(1, 10)))
+        forced = ta == I8 and pick.random() < 0.5
+        n_forced += forced
+        monkeypatch.setattr(scaled, "kernel_config", (lambda *_: row) if forced else planned)
 
         def fn(a, b, sa, sb, bias):
             return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
@@ -474,7 +495,7 @@ def test_scaled_fuzz():
         out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
         want = reference(a, b, sa, sb, None, bias, 0.0, act, tb)
         what = (f"case {i}: {ta.name}x{tbd.name} {m}x{n}x{k} transpose_b={tb} -> "
-                f"{out_dtype.name} scales {fa}/{fb} act={act}")
+                f"{out_dtype.name} scales {fa}/{fb} act={act}{f' on {row}' if forced else ''}")
         if out_dtype == I32:
             ok = same and np.array_equal(out, want.astype(np.int64))
             if not ok:
@@ -484,5 +505,5 @@ def test_scaled_fuzz():
         err = rel_err(out, want)
         if not same or not err <= tol:
             fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
-    print(f"scaled fuzz: {n_cases} cases, {len(fails)} failures")
+    print(f"scaled fuzz: {n_cases} cases ({n_forced} int8 on sm80 rows), {len(fails)} failures")
     assert not fails, "\n".join(fails[:40])

@@ -99,3 +99,26 @@ def test_int8_off_hopper_lowers_to_an_sm80_row(monkeypatch, shape):
         assert f"tensor<{ws}xf32>" in call["results"]
     f8 = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k, n), jnp.float8_e4m3fn)
     assert not custom_calls(cuda_text(lambda a, b: tg.scaled_matmul(a, b, 1.0, 1.0), *f8))
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_k_not_a_multiple_of_16_is_padded(monkeypatch, transpose_b):
+    """A K that is not a multiple of 16 reaches the kernel padded with zeros to the next one (a
+    and b; scaled._padded_plan), planned for that K; without a plan, a and b stay as they are
+    (lax)."""
+    m, n, k = 40, 200, 1000
+    asked = []
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: asked.append(a) or (CFG, 1))
+    a = jnp.ones((m, k), jnp.int8)
+    b = jnp.ones((n, k) if transpose_b else (k, n), jnp.int8)
+    def fn(a, b):
+        return tg.scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=transpose_b)
+    text = cuda_text(fn, a, b)
+    (call,) = custom_calls(text)
+    assert asked == [("int8", m, n, 1008, "tensor")]
+    ops = call["line"].split("->")[0]
+    assert "tensor<1x40x1008xi8>" in ops
+    assert ("tensor<1x200x1008xi8>" if transpose_b else "tensor<1x1008x200xi8>") in ops
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: None)
+    text = cuda_text(lambda a, b: fn(a, b), a, b)  # traced anew
+    assert not custom_calls(text) and "stablehlo.pad" not in text
