@@ -143,13 +143,26 @@ def _scale(x, name, a_desc):
 # (N,) or (Kb, Nb) (block grid K-major whatever b's layout). Returns the scaled float32
 # accumulator (R, N).
 
+def _int_dot(x, y, transpose_b):
+    """x @ op(y) of int8 operands as exact int32, K padded with zeros to a multiple of 16: XLA's
+    own int8 GEMM gave twice the product for K = 33-35 and 63 on the H200 (jax 0.11.2;
+    benchmarks/NOTES.md v62), right for the multiples of 16 tried."""
+    k = x.shape[1]
+    pad = -k % 16
+    if pad:
+        x = jnp.pad(x, ((0, 0), (0, pad)))
+        y = jnp.pad(y, ((0, 0), (0, pad)) if transpose_b else ((0, pad), (0, 0)))
+    dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
+    return _lax_dot_general(x, y, dn, preferred_element_type=jnp.int32)
+
+
 def _dot(x, y, transpose_b, kind):
     """x @ op(y) with float32 accumulation (int8: exact int32, then converted to float32).
     fp8 at HIGHEST: on GPU, XLA's cuBLASLt fp8 path otherwise may use the fast (fewer-bit)
     accumulation."""
-    dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
     if kind == "int8":
-        return _lax_dot_general(x, y, dn, preferred_element_type=jnp.int32).astype(jnp.float32)
+        return _int_dot(x, y, transpose_b).astype(jnp.float32)
+    dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
     return _lax_dot_general(x, y, dn, precision=lax.Precision.HIGHEST,
                             preferred_element_type=jnp.float32)
 
@@ -227,8 +240,7 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 def _reference(a2, b, sa, sb, c3, bias2, scale, st):
     form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
     if out_dtype == I32:  # int8 x int8 -> int32: exact, nothing else
-        dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
-        return _lax_dot_general(a2, b, dn, preferred_element_type=jnp.int32).reshape(bsz, m, n)
+        return _int_dot(a2, b, transpose_b).reshape(bsz, m, n)
     acc = _product(a2, b, sa, sb, form, transpose_b, kind)
     return epilogue.apply(acc.reshape(bsz, m, n), c3, bias2, scale, alpha=al, beta=be,
                           activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
