@@ -143,15 +143,21 @@ def _scale(x, name, a_desc):
 # (N,) or (Kb, Nb) (block grid K-major whatever b's layout). Returns the scaled float32
 # accumulator (R, N).
 
+def _pad_k(x, y, transpose_b):
+    """x (R, K) and y ((N, K) with transpose_b, else (K, N)) padded with zeros along K to a
+    multiple of 16 (the product is unchanged: the padding's products are zero)."""
+    pad = -x.shape[1] % 16
+    if not pad:
+        return x, y
+    return (jnp.pad(x, ((0, 0), (0, pad))),
+            jnp.pad(y, ((0, 0), (0, pad)) if transpose_b else ((0, pad), (0, 0))))
+
+
 def _int_dot(x, y, transpose_b):
-    """x @ op(y) of int8 operands as exact int32, K padded with zeros to a multiple of 16: XLA's
+    """x @ op(y) of int8 operands as exact int32, K padded to a multiple of 16 (_pad_k): XLA's
     own int8 GEMM gave twice the product for K = 33-35 and 63 on the H200 (jax 0.11.2;
     benchmarks/NOTES.md v62), right for the multiples of 16 tried."""
-    k = x.shape[1]
-    pad = -k % 16
-    if pad:
-        x = jnp.pad(x, ((0, 0), (0, pad)))
-        y = jnp.pad(y, ((0, 0), (0, pad)) if transpose_b else ((0, pad), (0, 0)))
+    x, y = _pad_k(x, y, transpose_b)
     dn = (((1,), (1 if transpose_b else 0,)), ((), ()))
     return _lax_dot_general(x, y, dn, preferred_element_type=jnp.int32)
 
@@ -345,14 +351,10 @@ def _padded_plan(a2, b, kind, n, form, transpose_b):
     them too, with a2 and b padded with zeros along K to the next multiple (exact: the padding's
     products are zero, and the block scales' 128-slices stay as they are), wherever they run.
     XLA's own int8 GEMM gave twice the product for some such K on the H200 (K = 33-35, 63; jax
-    0.11.2; benchmarks/NOTES.md v61): lax is left only where no kernel runs."""
+    0.11.2; benchmarks/NOTES.md v62): lax is left only where no kernel runs."""
     r, k = a2.shape
-    kp = -(-k // 16) * 16
-    plan = kernel_config(kind, r, n, kp, form)
-    if plan is not None and kp != k:
-        a2 = jnp.pad(a2, ((0, 0), (0, kp - k)))
-        b = jnp.pad(b, ((0, 0), (0, kp - k)) if transpose_b else ((0, kp - k), (0, 0)))
-    return a2, b, plan
+    plan = kernel_config(kind, r, n, -(-k // 16) * 16, form)
+    return (*(_pad_k(a2, b, transpose_b) if plan is not None else (a2, b)), plan)
 
 
 # ---------------------------------------------------------------------------------------------
