@@ -16,14 +16,18 @@
 
 namespace tcgemm::ptx {
 
+// One mma.sync of shape and types TYS ("m16n8k16.row.col.f32.f16.f16.f32", ...) on d (C:
+// "+f" for float32 accumulators, "+r" for int32 ones), A a[0..3], B b[0..1]; D = A * B + D.
+#define TCGEMM_MMA_SYNC(TYS, C)                                                  \
+  asm volatile("mma.sync.aligned." TYS                                          \
+               " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+               : C(d[0]), C(d[1]), C(d[2]), C(d[3])                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
 __device__ __forceinline__ void mma_m16n8k16_f32_f16_f16_f32(float (&d)[4], const uint32_t (&a)[4],
                                                              const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  TCGEMM_MMA_SYNC("m16n8k16.row.col.f32.f16.f16.f32", "+f");
 #endif
 }
 
@@ -31,11 +35,7 @@ __device__ __forceinline__ void mma_m16n8k16_f32_bf16_bf16_f32(float (&d)[4],
                                                                const uint32_t (&a)[4],
                                                                const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  TCGEMM_MMA_SYNC("m16n8k16.row.col.f32.bf16.bf16.f32", "+f");
 #endif
 }
 
@@ -43,12 +43,10 @@ __device__ __forceinline__ void mma_m16n8k16_f32_bf16_bf16_f32(float (&d)[4],
 __device__ __forceinline__ void mma_m16n8k32_s32_s8_s8_s32(int (&d)[4], const uint32_t (&a)[4],
                                                           const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  TCGEMM_MMA_SYNC("m16n8k32.row.col.s32.s8.s8.s32", "+r");
 #endif
 }
+
+#undef TCGEMM_MMA_SYNC
 
 }  // namespace tcgemm::ptx
