@@ -548,7 +548,7 @@ def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
 
 
 def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device",
-              block_scales: bool = False):
+              block_scales: bool = False, batch: int = 1):
     """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
     int8 dot_general, K-major operands), or None where no 8-bit kernel runs (K not a multiple
     of 16; fp8 off compute capability 9.0, int8 below 8.0; an empty product). Among the rows
@@ -556,14 +556,14 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     on 9.0 the sm90 rows (fp8: the fp8-only row on large squares, where its third warpgroup
     hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41; `block_scales`:
     rows that stage them where they win: v43); int8 elsewhere, and on 9.0 up to
-    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32)."""
-    if min(m, n, k) <= 0:
+    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32). `batch`: items of M x N each."""
+    if min(m, n, k, batch) <= 0:
         return None
     if arch == "device":
         arch = device_arch()
     sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
-    return _plan_rows(m, n, k, 1, lambda c: getattr(c, kind), 16, arch,
-                      lambda c: byte_splits(c.tiles(m, n), k), elem_bytes=1,
+    return _plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
+                      lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,
                       block_scales=block_scales, sm80=sm80)
 
 

@@ -146,11 +146,9 @@ def matmul(a, b, *, out_dtype=None, precision=None):
         raise ValueError(f"jax_tcgemm.matmul: operands must have rank >= 1; got shapes "
                          f"{a.shape} and {b.shape}")
     if not _kernel_dtype(a, b):  # accumulate in out_dtype, as lax (never cast after the fact)
-        if a.ndim >= 2 and b.ndim == 2 and out_dtype is not None:  # int8: dot_general's route
-            out = _int8_product(a, b, (((a.ndim - 1,), (0,)), ((), ())), precision, out_dtype,
-                                None)
-            if out is not None:
-                return out
+        out = _int8_matmul(a, b, precision, out_dtype)  # int8 -> int32: ours
+        if out is not None:
+            return out
         return _jnp_matmul(a, b, precision=precision, preferred_element_type=out_dtype)
     precision = _precision(precision, like_matmul=True)
     out_dtype = _check_out_dtype(a.dtype if out_dtype is None else out_dtype, "out_dtype")
@@ -216,11 +214,12 @@ def _plan(lhs_shape, rhs_shape, lc, rc, lb, rb):
 
 def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                   out_sharding):
-    """int8 x int8 -> int32 (lax's result type for that preferred_element_type) with one
-    contracting dim, no batch dims and a 2-D rhs: through tg.scaled_matmul (the int8 kernels
-    where they run: sm90, or sm80 off Hopper; lax elsewhere: the same exact int32); None for
-    every other case."""
-    if (np.dtype(lhs.dtype) != np.int8 or np.dtype(rhs.dtype) != np.int8 or rhs.ndim != 2
+    """int8 x int8 -> int32 (lax's result type for that preferred_element_type), any dimension
+    numbers: through tg.scaled_matmul as one (batched) product, lhs as (batch, M, K) and rhs
+    as (batch, N, K) (or (batch, K, N) where that is its layout): the int8 kernels where they
+    run (sm90, or sm80 off Hopper), lax elsewhere (the same exact int32). None for every other
+    case (lax's own errors come from the lax call)."""
+    if (np.dtype(lhs.dtype) != np.int8 or np.dtype(rhs.dtype) != np.int8
             or out_sharding is not None):
         return None
     try:
@@ -229,16 +228,43 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
             lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
                                           preferred_element_type=preferred_element_type),
             jax.ShapeDtypeStruct(lhs.shape, lhs.dtype), jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
-    except Exception:  # noqa: BLE001 (lax's own error comes from the lax call)
+        lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+    except Exception:  # noqa: BLE001
         return None
-    if np.dtype(want.dtype) != np.int32 or len(lc) != 1 or lb or rb or lhs.ndim < 1:
+    if np.dtype(want.dtype) != np.int32:
         return None
     from .scaled import scaled_matmul
-    lcd, rcd = lc[0] % lhs.ndim, rc[0] % 2
-    a = jnp.moveaxis(lhs, lcd, -1)
-    a2 = a.reshape((-1, a.shape[-1]))
-    out = scaled_matmul(a2, rhs, None, None, out_dtype=jnp.int32, transpose_b=rcd == 1)
+    lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
+    rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
+    batch = tuple(lhs.shape[d] for d in lb)
+    m, k = (math.prod(lhs.shape[d] for d in ds) for ds in (lf, lc))
+    n = math.prod(rhs.shape[d] for d in rf)
+    a = jnp.transpose(lhs, lb + lf + lc).reshape(batch + (m, k))
+    kn = rb + rc + rf  # (batch, K, N) as stored: no copy; otherwise K-major, what wgmma reads
+    if kn == tuple(range(rhs.ndim)):
+        b, transpose_b = rhs.reshape(batch + (k, n)), False
+    else:
+        b, transpose_b = jnp.transpose(rhs, rb + rf + rc).reshape(batch + (n, k)), True
+    out = scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=transpose_b)
     return out.reshape(want.shape)
+
+
+def _int8_matmul(a, b, precision, out_dtype):
+    """jnp.matmul of int8 x int8 -> int32 operands of rank >= 2 (batch dims broadcast) as one
+    tg.scaled_matmul, or None (other dtypes, ranks or result types: jnp's)."""
+    if (np.dtype(a.dtype) != np.int8 or np.dtype(b.dtype) != np.int8 or min(a.ndim, b.ndim) < 2
+            or out_dtype is None):
+        return None
+    try:
+        want = jax.eval_shape(
+            lambda x, y: _jnp_matmul(x, y, precision=precision, preferred_element_type=out_dtype),
+            jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(b.shape, b.dtype))
+    except Exception:  # noqa: BLE001
+        return None
+    if np.dtype(want.dtype) != np.int32:
+        return None
+    from .scaled import scaled_matmul
+    return scaled_matmul(a, b, None, None, out_dtype=jnp.int32).reshape(want.shape)
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,

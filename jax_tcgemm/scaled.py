@@ -37,106 +37,8 @@ from jax.lax import dot_general as _lax_dot_general
 
 from . import _ffi, configs, epilogue, lowering
 from .ops import _as_array
-
-E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
-I8, I32, F32 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
-F16, BF16 = np.dtype(jnp.float16), np.dtype(jnp.bfloat16)
-
-# (a dtype, b dtype) -> kind. e5m2 x e5m2 is not a wgmma fp8 form the kernels will take
-# (issue 26), nor are the fnuz / e8m0 / 4-bit types; int8 pairs only with int8.
-PAIRS = {(E4M3, E4M3): "fp8", (E4M3, E5M2): "fp8", (E5M2, E4M3): "fp8", (I8, I8): "int8"}
-FLOAT_OUT = (BF16, F16, F32)
-BLOCK = 128  # DeepSeek-V3 block: a has one scale per row per 128 of K, b one per 128 x 128
-
-# Scale forms, decided from shapes: "tensor" (a scalar), "row" (one per row of a), "column"
-# (one per column of b), "block" (DeepSeek-V3). Allowed combinations: any of tensor / row for
-# a with any of tensor / column for b (all scale the float32 accumulator: the kernels'
-# epilogue), or block with block (the kernels' main loop). Anything else is a ValueError.
-OUTER_A, OUTER_B = ("tensor", "row"), ("tensor", "column")
-
-
-def _name(fn="scaled_matmul"):
-    return f"jax_tcgemm.{fn}"
-
-
-def kind_of(a_dtype, b_dtype):
-    """"fp8" or "int8" for a supported (a, b) dtype pair; TypeError otherwise."""
-    kind = PAIRS.get((np.dtype(a_dtype), np.dtype(b_dtype)))
-    if kind is None:
-        raise TypeError(
-            f"{_name()}: unsupported operand dtypes a {np.dtype(a_dtype)} x b "
-            f"{np.dtype(b_dtype)}; supported: float8_e4m3fn x float8_e4m3fn, float8_e4m3fn x "
-            f"float8_e5m2, float8_e5m2 x float8_e4m3fn, int8 x int8 (not float8_e5m2 x "
-            f"float8_e5m2; for float16 / bfloat16 use tg.gemm)")
-    return kind
-
-
-def a_scale_form(shape, a_shape):
-    """The form of a_scale of shape `shape` for a of shape a_shape (..., M, K): "tensor" (() or
-    (1,)), "row" (batch + (M,), each batch dim its own or 1) or "block" (batch + (M, ceil(K /
-    128))). ValueError otherwise."""
-    shape, a_shape = tuple(shape), tuple(a_shape)
-    batch, m, k = a_shape[:-2], a_shape[-2], a_shape[-1]
-    kb = -(-k // BLOCK)
-
-    def fits(lead):
-        return len(lead) == len(batch) and all(s in (1, d) for s, d in zip(lead, batch))
-    if shape in ((), (1,)):
-        return "tensor"
-    if len(shape) == len(batch) + 1 and shape[-1] == m and fits(shape[:-1]):
-        return "row"
-    if len(shape) == len(batch) + 2 and shape[-2:] == (m, kb) and fits(shape[:-2]):
-        return "block"
-    bt = "".join(f"{d}, " for d in batch)
-    raise ValueError(
-        f"{_name()}: a_scale{shape} fits no scale form of a{a_shape}: per-tensor () or (1,), "
-        f"per-row ({bt}{m},), or 1x128 blocks ({bt}{m}, {kb}) = (M, ceil(K/128)) (batch dims "
-        f"may be 1)")
-
-
-def b_scale_form(shape, b_shape, transpose_b):
-    """The form of b_scale for b (K, N), or (N, K) with transpose_b: "tensor" (() or (1,)),
-    "column" ((N,)) or "block": 128 x 128 blocks laid out as b is, (ceil(K/128), ceil(N/128)),
-    or (ceil(N/128), ceil(K/128)) with transpose_b (DeepSeek-V3 keeps the weight and its
-    scales in the same orientation). ValueError otherwise."""
-    shape = tuple(shape)
-    n, k = (b_shape[0], b_shape[1]) if transpose_b else (b_shape[1], b_shape[0])
-    kb, nb = -(-k // BLOCK), -(-n // BLOCK)
-    grid = (nb, kb) if transpose_b else (kb, nb)
-    if shape in ((), (1,)):
-        return "tensor"
-    if shape == (n,):
-        return "column"
-    if shape == grid:
-        return "block"
-    what = "(ceil(N/128), ceil(K/128))" if transpose_b else "(ceil(K/128), ceil(N/128))"
-    raise ValueError(
-        f"{_name()}: b_scale{shape} fits no scale form of b{tuple(b_shape)} "
-        f"(transpose_b={transpose_b}): per-tensor () or (1,), per-column ({n},), or 128x128 "
-        f"blocks {grid} = {what}")
-
-
-def check_forms(fa, fb, a_desc, b_desc):
-    if (fa in OUTER_A and fb in OUTER_B) or (fa == fb == "block"):
-        return
-    raise ValueError(
-        f"{_name()}: a_scale is {fa} ({a_desc}) but b_scale is {fb} ({b_desc}): block scales "
-        f"go with block scales only, per-tensor / per-row / per-column scales with each other. "
-        f"A per-tensor or per-row scale of a is a block scale broadcast to (M, ceil(K/128)), a "
-        f"per-tensor scale of b one broadcast to the block grid (jnp.broadcast_to)")
-
-
-def _scale(x, name, a_desc):
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return jnp.asarray(x, jnp.float32)
-    dt = getattr(x, "dtype", None)  # before any conversion (numpy float64 -> float32)
-    x = _as_array(x, name)
-    dt = np.dtype(x.dtype if dt is None else dt)
-    if dt != F32:
-        raise TypeError(f"{_name()}: {name} must be float32; got {name}{x.shape} {dt} "
-                        f"({a_desc})")
-    return x
-
+from .scaled_forms import (BLOCK, FLOAT_OUT, I32, _name, _scale, a_scale_form,  # noqa: F401
+                           b_scale_form, check_forms, kind_of)
 
 # ---------------------------------------------------------------------------------------------
 # The product in lax: a (R, K), b (K, N) or (N, K); sa None, () , (R,) or (R, Kb); sb None, (),
@@ -242,77 +144,152 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 # The kernel path: one custom call (ffi/xla/gemm_ffi.cc with 8-bit operands) computes what
 # _reference computes. Its derivatives are _reference's (the scales, c, bias and beta enter
 # linearly or through the activation; a and b have none).
+#
+# Both take the call's operands: a3 (1 | B, R, K); b3 (1 | B, K, N), or (1 | B, N, K) with
+# transpose_b; sa None, () (per-tensor), (1 | B, R) (per-row) or (1, R, Kb) (block); sb None,
+# (), (1 | B, N) (per-column) or (1, Kb, Nb) (block, K-major grid); c3 (1 | B, 1 | R, 1 | N);
+# bias (1 | B, N); scale None or [alpha, beta]. A leading 1 is shared by the B items (stride
+# 0 in the kernel); block scales take B = 1. st = (form, transpose_b, kind, activation,
+# out_dtype, alpha, beta, B, R, N); the result is (B, R, N).
 
-def _reference(a2, b, sa, sb, c3, bias2, scale, st):
-    form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
+def _items(fn, nb, *xs):
+    """fn over the B items of the call's operands (None and scalars shared, leading 1 shared):
+    one call of fn where nothing varies, jax.vmap of it otherwise; (B, ...)."""
+    axes = [None if x is None or x.ndim == 0 or x.shape[0] == 1 else 0 for x in xs]
+    xs = [x if x is None or x.ndim == 0 or x.shape[0] != 1 else x[0] for x in xs]
+    out = (fn(*xs)[None] if all(a is None for a in axes)
+           else jax.vmap(fn, in_axes=axes)(*xs))
+    return jnp.broadcast_to(out, (nb,) + out.shape[1:])
+
+
+def _reference(a3, b3, sa, sb, c3, bias, scale, st):
+    form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     if out_dtype == I32:  # int8 x int8 -> int32: exact, nothing else
-        return _int_dot(a2, b, transpose_b).reshape(bsz, m, n)
-    acc = _product(a2, b, sa, sb, form, transpose_b, kind)
-    return epilogue.apply(acc.reshape(bsz, m, n), c3, bias2, scale, alpha=al, beta=be,
-                          activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
+        return _items(lambda x, y: _int_dot(x, y, transpose_b), nb, a3, b3)
+    acc = _items(lambda x, y, s, t: _product(x, y, s, t, form, transpose_b, kind),
+                 nb, a3, b3, sa, sb)
+    out = epilogue.apply(acc, c3, bias, scale, alpha=al, beta=be,
+                         activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
+    return jnp.broadcast_to(out, (nb, r, n))
 
 
-def _kernel(a2, b, sa, sb, c3, bias2, scale, st, plan):
-    """The product on the 8-bit kernels (sm90 rows; int8 also sm80 rows): a2 (R, K), b (N, K)
-    or (K, N) (copied K-major by the call), sa None / () / (R,), sb None / () / (N,):
-    per-tensor scales fold into alpha (read on the device), the others are the epilogue's row
-    and column scales. Block form: sa (R, Kb) and sb (Kb, Nb), applied in the kernel's main loop
-    (passed as (Kb, R) and (Kb, Nb))."""
-    form, transpose_b, kind, activation, out_dtype, al, be, bsz, m, n = st
+def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
+    """The product on the 8-bit kernels (sm90 rows; int8 also sm80 rows), one launch for the B
+    items: per-tensor scales fold into alpha (read on the device), per-row and per-column ones
+    are the epilogue's row and column scales; block scales are applied in the kernel's main
+    loop (passed as (Kb, R) and (Kb, Nb))."""
+    form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
-    r, k = a2.shape
+    k = a3.shape[2]
     # wgmma reads 8-bit operands K-major only: a (K, N) b is copied K-major inside the call
     # (pack=1: ffi/host PlanWorkspace / LaunchTransposeBytes), not by an XLA transpose
     int_out = out_dtype == I32
-    args = [a2[None], b[None]]
-    if c3 is not None:
-        if c3.shape[0] != 1 or (bsz > 1 and c3.shape[1] != 1):  # the batch folds into the rows
-            c3 = jnp.broadcast_to(c3, (bsz, m, c3.shape[2])).reshape(1, r, c3.shape[2])
-        args.append(c3)
-    if bias2 is not None:
-        args.append(bias2)
+    args = [a3, b3] + [x for x in (c3, bias) if x is not None]
     block = form == "block"
-    row = not block and sa is not None and sa.ndim == 1
-    col = not block and sb is not None and sb.ndim == 1
+    row = not block and sa is not None and sa.ndim == 2
+    col = not block and sb is not None and sb.ndim == 2
     if not int_out:  # [alpha, beta]: the per-tensor scales' product, beta (static or traced)
         alpha = jnp.float32(al)
         for x in (sa, sb):
-            if not block and x is not None and x.ndim == 0:
+            if x is not None and x.ndim == 0:
                 alpha = alpha * x
         beta = jnp.float32(be) if scale is None else scale[1]
         if scale is not None:
             alpha = alpha * scale[0]
         args.append(jnp.stack([alpha, beta]).astype(jnp.float32))
     if row:
-        args.append(sa.reshape(1, r))
+        args.append(jnp.broadcast_to(sa, (nb, r)))
     if col:
-        args.append(sb.reshape(1, n))
+        args.append(sb)
     if block:  # a's scales K-major, rows padded to 16 bytes (a tile's scales: one bulk copy)
-        args += [jnp.pad(sa.T, ((0, 0), (0, -r % 4))), sb]
+        args += [jnp.pad(sa[0].T, ((0, 0), (0, -r % 4))), sb[0]]
     # (none at split_k 1 without packing; traced also where the extension is missing, as the
     # CUDA branch of platform_dependent, never lowered there)
-    ws = (configs.workspace_floats(r, n, k, 1, True, True, False, transpose_b, config, split,
-                                   not transpose_b, 1) if _ffi.available() else 0)
+    ws = (configs.workspace_floats(r, n, k, nb, a3.shape[0] == 1, b3.shape[0] == 1, False,
+                                   transpose_b, config, split, not transpose_b, 1)
+          if _ffi.available() else 0)
     call = jax.ffi.ffi_call(
-        _ffi.TARGET, (jax.ShapeDtypeStruct((1, r, n), out_dtype),
+        _ffi.TARGET, (jax.ShapeDtypeStruct((nb, r, n), out_dtype),
                       jax.ShapeDtypeStruct((ws,), jnp.float32)),
-        vmap_method="sequential")
+        vmap_method="sequential")  # (never used: _call's vmap rule batches the call)
     d, _ = call(*args, **lowering.ffi_attrs(
         transpose_a=False, transpose_b=transpose_b, config=config, split_k=split,
-        pack=not transpose_b, has_c=c3 is not None, has_bias=bias2 is not None,
+        pack=not transpose_b, has_c=c3 is not None, has_bias=bias is not None,
         has_scale=not int_out, aux=False, activation=activation, row_scale=row, col_scale=col,
         block_scale=block))
-    return d.reshape(bsz, m, n)
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _call(st, plan):
+    """The call for st on `plan`: the kernel on CUDA, the reference elsewhere, with a vmap rule
+    (_batch_rule) that makes a vmapped call one launch, as tg.gemm's primitive does."""
+    def run(*xs):
+        return lax.platform_dependent(*xs, cuda=functools.partial(_kernel, st=st, plan=plan),
+                                      default=functools.partial(_reference, st=st))
+    fn = jax.custom_batching.custom_vmap(run)
+    fn.def_vmap(functools.partial(_batch_rule, st, plan))
+    return fn
+
+
+def _batch_rule(st, plan, v, batched, *xs):
+    """vmap of _call (v items, `batched`: which operands carry them on axis 0): one launch.
+    Where b, its scales and the bias are shared, the v items' rows join the call's rows (a
+    taller product); otherwise they join its batch, shared operands at stride 0 (per-tensor
+    scales of an item become its row / column scales). Items that differ in alpha / beta, or
+    block scales over a batch of b, run one call per item (lax.map)."""
+    form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
+    a3, b3, sa, sb, c3, bias, scale = xs
+    ba, bb, bsa, bsb, bc, bbias, bscale = batched
+    shared = (not (bb or bsb or bbias or bscale) and b3.shape[0] == 1
+              and (sb is None or sb.ndim == 0 or sb.shape[0] == 1)
+              and (bias is None or bias.shape[0] == 1))
+    if shared:  # one item of v * nb * r rows
+        r2 = v * nb * r
+
+        def rows(x, bx):  # (v,) + (1 | nb, 1 | r) + tail -> (1, r2) + tail
+            tail = x.shape[2 + bx:]
+            return jnp.broadcast_to(x if bx else x[None], (v, nb, r) + tail).reshape(
+                (1, r2) + tail)
+        sa2 = (sa if sa is None or sa.ndim == 0 else rows(sa[:, None, None], True) if
+               sa.ndim == 1 else rows(sa, bsa))
+        c2 = None if c3 is None else c3 if not bc and c3.shape[:2] == (1, 1) else rows(c3, bc)
+        new = [rows(a3, ba), b3, sa2, sb, c2, bias, scale]
+        return _rerun(st[:7] + (1, r2, n), new).reshape(v, nb, r, n), True
+    if form == "block" or bscale:
+        return _by_item(st, plan, batched, xs), True
+    nb2 = v * nb
+
+    def fold(x, bx, tail=None):  # (v, 1 | nb) + tail -> (v * nb,) + tail; shared stays 1
+        if x is None or (not bx and (x.ndim == 0 or x.shape[0] == 1)):
+            return x
+        tail = x.shape[1 + bx:] if tail is None else tail
+        return jnp.broadcast_to(x if bx else x[None], (v, nb) + tail).reshape((nb2,) + tail)
+    sa2 = fold(sa[:, None, None], True, (r,)) if bsa and sa.ndim == 1 else fold(sa, bsa)
+    sb2 = fold(sb[:, None, None], True, (n,)) if bsb and sb.ndim == 1 else fold(sb, bsb)
+    new = [fold(a3, ba), fold(b3, bb), sa2, sb2, fold(c3, bc), fold(bias, bbias), scale]
+    return _rerun(st[:7] + (nb2, r, n), new).reshape(v, nb, r, n), True
+
+
+def _rerun(st, xs):
+    """_call for the batched problem st, planned anew for its shape."""
+    form, kind, nb, r, n, k = st[0], st[2], st[7], st[8], st[9], xs[0].shape[2]
+    plan = kernel_config(kind, r, n, k, form, nb)
+    return _reference(*xs, st) if plan is None else _call(st, plan)(*xs)
+
+
+def _by_item(st, plan, batched, xs):
+    mapped = [x for x, bx in zip(xs, batched) if bx]
+
+    def one(ys):
+        it = iter(ys)
+        return _call(st, plan)(*[next(it) if bx else x for x, bx in zip(xs, batched)])
+    return lax.map(one, mapped)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
-def _fused(a2, b, sa, sb, c3, bias2, scale, st, config):
-    def ref(*xs):
-        return _reference(*xs, st)
-
-    def ker(*xs):
-        return _kernel(*xs, st, config)
-    return lax.platform_dependent(a2, b, sa, sb, c3, bias2, scale, cuda=ker, default=ref)
+def _fused(a3, b3, sa, sb, c3, bias, scale, st, plan):
+    return _call(st, plan)(a3, b3, sa, sb, c3, bias, scale)
 
 
 def _fused_jvp(st, config, primals, tangents):
@@ -337,13 +314,13 @@ def _fused_jvp(st, config, primals, tangents):
 _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
-def kernel_config(kind, r, n, k, form):
-    """(row, K slices) that run this product (configs.plan_byte; K a multiple of 16), or None
-    where lax does (int8 with block scales, no extension, fp8 on a device other than compute
-    capability 9.0, int8 on one below 8.0)."""
+def kernel_config(kind, r, n, k, form, batch=1):
+    """(row, K slices) that run this product of `batch` items (configs.plan_byte; K a multiple
+    of 16), or None where lax does (int8 with block scales, no extension, fp8 on a device other
+    than compute capability 9.0, int8 on one below 8.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available():
         return None
-    return configs.plan_byte(r, n, k, kind, block_scales=form == "block")
+    return configs.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch)
 
 
 def _padded_plan(a2, b, kind, n, form, transpose_b):
@@ -357,11 +334,25 @@ def _padded_plan(a2, b, kind, n, form, transpose_b):
     return (*(_pad_k(a2, b, transpose_b) if plan is not None else (a2, b)), plan)
 
 
+def _over_batch(batch, peeled, call):
+    """call(*items) for every item of the result's batch dims `batch`: `peeled` are operands
+    with those leading dims (each its own or 1), one jax.vmap per batch dim (where some operand
+    varies along it). Under the vmaps the call's vmap rule makes them one launch."""
+    if not batch:
+        return call(*peeled)
+    axes = [0 if x.shape[0] > 1 else None for x in peeled]
+    items = [x if ax == 0 else x[0] for x, ax in zip(peeled, axes)]
+    inner = functools.partial(_over_batch, batch[1:], call=call)
+    if all(ax is None for ax in axes):
+        return inner(items)[None]
+    return jax.vmap(lambda *xs: inner(list(xs)), in_axes=axes)(*items)
+
+
 # ---------------------------------------------------------------------------------------------
 
 def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, activation=None,
                   c=None, beta=0.0, transpose_b=False):
-    """D = activation(sum_k a[..., m, k] * b[k, n] * scales + beta * c + bias): fp8 / int8
+    """D = activation(sum_k a[..., m, k] * b[..., k, n] * scales + beta * c + bias): fp8 / int8
     GEMM with scales (issue 26).
 
     On an H100/H200 (compute capability 9.0), one call of the sm90 8-bit kernels computes
@@ -371,24 +362,27 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     block scales, fp8 off 9.0 and the CPU run through lax (module docstring); the numbers are
     the same contract.
 
-    a: (..., M, K); b: (K, N), or (N, K) with transpose_b (K-major b: what Hopper fp8 wgmma
-    reads). Leading batch dims of a are folded into M (b is shared; vmap for a batched b).
+    a: (..., M, K); b: (..., K, N), or (..., N, K) with transpose_b (K-major b: what Hopper fp8
+    wgmma reads). The batch dims of a and b broadcast as in jnp.matmul. A b without batch dims
+    (or only dims of 1) is shared: a's batch dims fold into M. A batched b runs as one batched
+    launch, as does jax.vmap of this function (block scales with a batched b: one call per item).
     dtypes (a x b): float8_e4m3fn x float8_e4m3fn, float8_e4m3fn x float8_e5m2,
     float8_e5m2 x float8_e4m3fn, int8 x int8.
 
     a_scale, b_scale: float32 arrays (Python numbers are taken as float32 per-tensor scales),
     or both None (no scaling). Their form is decided from their shapes:
       per-tensor   a_scale () or (1,)                  b_scale () or (1,)
-      per-row/col  a_scale batch + (M,)                b_scale (N,)
-      block        a_scale batch + (M, ceil(K/128))    b_scale (ceil(K/128), ceil(N/128)),
-                   (1 x 128, DeepSeek-V3)              or (ceil(N/128), ceil(K/128)) with
+      per-row/col  a_scale batch + (M,)                b_scale batch + (N,)
+      block        a_scale batch + (M, ceil(K/128))    b_scale batch + (ceil(K/128), ceil(N/128)),
+                   (1 x 128, DeepSeek-V3)              or batch + (ceil(N/128), ceil(K/128)) with
                                                        transpose_b (128 x 128, b's layout)
-    (batch dims of a_scale: a's or 1.) Per-tensor and per-row scales of a combine with
-    per-tensor and per-column scales of b: D = acc * (sa[m] * sb[n]), acc the float32 (int8:
-    exact int32, then float32) sum over all of K. Block scales combine with block scales only:
-    for each 128-slice kb of K, in K order, acc += (sa[m, kb] * sb[kb, n // 128]) * P_kb with
-    P_kb the slice's float32 (int8: exact int32) partial product. Other mixes are a ValueError
-    (broadcast a per-tensor / per-row scale to the block form instead).
+    (batch dims of a_scale: a's, each its own or 1; of b_scale: b's.) Per-tensor and per-row
+    scales of a combine with per-tensor and per-column scales of b: D = acc * (sa[m] * sb[n]),
+    acc the float32 (int8: exact int32, then float32) sum over all of K. Block scales combine
+    with block scales only: for each 128-slice kb of K, in K order, acc += (sa[m, kb] *
+    sb[kb, n // 128]) * P_kb with P_kb the slice's float32 (int8: exact int32) partial product.
+    Other mixes are a ValueError (broadcast a per-tensor / per-row scale to the block form
+    instead).
 
     out_dtype: bfloat16 (default), float16 or float32; int32 for int8 x int8 without scales or
     epilogue: the exact integer product (wrapping on overflow as int32 does, K > 131072).
@@ -405,14 +399,18 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     """
     a, b = _as_array(a, "a"), _as_array(b, "b")
     desc = f"a{a.shape} {a.dtype}, b{b.shape} {b.dtype}, transpose_b={transpose_b}"
-    if a.ndim < 2 or b.ndim != 2:
-        raise ValueError(f"{_name()}: a must have rank >= 2 (..., M, K) and b rank 2 ((K, N), "
-                         f"or (N, K) with transpose_b; vmap for a batched b); got {desc}")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"{_name()}: a and b must have rank >= 2: a (..., M, K), b (..., K, N) "
+                         f"or (..., N, K) with transpose_b; got {desc}")
     kind = kind_of(a.dtype, b.dtype)
     m, k = a.shape[-2:]
-    kb_, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
+    kb_, n = (b.shape[-1], b.shape[-2]) if transpose_b else b.shape[-2:]
     if k != kb_:
         raise ValueError(f"{_name()}: contracting dimensions differ (K = {k} vs {kb_}): {desc}")
+    try:
+        batch = tuple(jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"{_name()}: the batch dims of a and b do not broadcast: {desc}") from None
     out_dtype = np.dtype(out_dtype)
     allowed = FLOAT_OUT + ((I32,) if kind == "int8" else ())
     if out_dtype not in allowed:
@@ -422,18 +420,15 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
         raise ValueError(f"{_name()}: give both a_scale and b_scale or neither; got a_scale "
                          f"{'None' if a_scale is None else 'given'}, b_scale "
                          f"{'None' if b_scale is None else 'given'} ({desc})")
-    batch = tuple(a.shape[:-2])
     out_shape = batch + (m, n)
-    bsz = math.prod(batch)
+    bsz, nbat = math.prod(batch), len(batch)
     epi = c is not None or bias is not None or activation is not None
     if out_dtype == I32 and (a_scale is not None or epi):
         raise ValueError(f"{_name()}: out_dtype int32 is the exact integer product of int8 x "
                          f"int8: it takes no scales (a_scale=b_scale=None) and no epilogue (c, "
                          f"bias, activation); use a float out_dtype for those ({desc})")
     epilogue.check_activation(activation, "scaled_matmul")
-
-    sa = sb = None
-    form = "tensor"
+    form, fa, fb = "tensor", None, None
     if a_scale is not None:
         a_scale = _scale(a_scale, "a_scale", desc)
         b_scale = _scale(b_scale, "b_scale", desc)
@@ -441,31 +436,53 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
         fb = b_scale_form(b_scale.shape, b.shape, transpose_b)
         check_forms(fa, fb, f"a_scale{a_scale.shape}, {desc}", f"b_scale{b_scale.shape}")
         form = "block" if fa == "block" else "outer"
-        if fa == "tensor":
-            sa = a_scale.reshape(())
-        elif fa == "row":
-            sa = jnp.broadcast_to(a_scale, batch + (m,)).reshape(bsz * m)
-        else:
-            sa = jnp.broadcast_to(a_scale, batch + a_scale.shape[-2:]).reshape(bsz * m, -1)
-        sb = b_scale.reshape(()) if fb == "tensor" else b_scale
-        if fb == "block" and transpose_b:
-            sb = sb.T  # (Kb, Nb): tiny
-    elif kind == "int8" and out_dtype == I32:
-        st = (form, bool(transpose_b), kind, None, out_dtype, 1.0, 0.0, bsz, m, n)
-        a2, b, config = _padded_plan(a.reshape(bsz * m, k), b, kind, n, form, transpose_b)
-        args = (a2, b, None, None, None, None, None, st)
-        out = _reference(*args) if config is None else _fused(*args, config)
-        return out.reshape(out_shape)
-
     c3 = None if c is None else epilogue.c_operand(_as_array(c, "c"), out_shape, out_dtype,
                                                     "scaled_matmul", desc)
     bias2 = None if bias is None else epilogue.bias_operand(_as_array(bias, "bias"), n,
                                                             "scaled_matmul", desc)
     al, be, scale = epilogue.scale_operand(1.0, beta, "scaled_matmul")
-    st = (form, bool(transpose_b), kind, activation, out_dtype, al, be, bsz, m, n)
-    a2, b, config = _padded_plan(a.reshape(bsz * m, k), b, kind, n, form, transpose_b)
-    if config is None:
-        out = _reference(a2, b, sa, sb, c3, bias2, scale, st)
-    else:
-        out = _fused(a2, b, sa, sb, c3, bias2, scale, st, config)
+
+    if math.prod(b.shape[:-2]) > 1:  # a batch of b: the items (and their operands) one by one
+        def lead(x, tail):  # x with the result's nbat batch dims (1 where x has none)
+            return x.reshape((1,) * (nbat + tail - x.ndim) + x.shape)
+        peeled = [lead(a, 2), lead(b, 2)]
+        scales = [(x, f) for x, f in ((a_scale, fa), (b_scale, fb)) if f not in (None, "tensor")]
+        peeled += [lead(x, 1 if f in ("row", "column") else 2) for x, f in scales]
+        if c3 is not None:
+            peeled.append(c3.reshape((batch if c3.shape[0] > 1 else (1,) * nbat) + c3.shape[1:]))
+
+        def item(x, y, *rest):
+            it = iter(rest)
+            sa = next(it) if fa not in (None, "tensor") else a_scale
+            sb = next(it) if fb not in (None, "tensor") else b_scale
+            return scaled_matmul(x, y, sa, sb, out_dtype=out_dtype, bias=bias,
+                                 activation=activation, c=next(it, None), beta=beta,
+                                 transpose_b=transpose_b)
+        return _over_batch(batch, peeled, item)
+
+    # b shared by the batch (its batch dims, if any, are 1): a's batch folds into the rows
+    b = b.reshape(b.shape[-2:])
+    r = bsz * m
+    sa = sb = None
+    if fa == "tensor":
+        sa = a_scale.reshape(())
+    elif fa == "row":
+        sa = jnp.broadcast_to(a_scale, batch + (m,)).reshape(1, r)
+    elif fa == "block":
+        sa = jnp.broadcast_to(a_scale, batch + a_scale.shape[-2:]).reshape(1, r, -1)
+    if fb == "tensor":
+        sb = b_scale.reshape(())
+    elif fb == "column":
+        sb = b_scale.reshape(1, n)
+    elif fb == "block":  # K-major grid (Kb, Nb): tiny
+        grid = b_scale.reshape(b_scale.shape[-2:])
+        sb = (grid.T if transpose_b else grid)[None]
+    if c3 is not None and (c3.shape[0] != 1 or (bsz > 1 and c3.shape[1] != 1)):
+        c3 = jnp.broadcast_to(c3, (bsz, m, c3.shape[2])).reshape(1, r, c3.shape[2])
+    if out_dtype == I32:
+        scale = None
+    st = (form, bool(transpose_b), kind, activation, out_dtype, al, be, 1, r, n)
+    a2, b, config = _padded_plan(a.reshape(r, k), b, kind, n, form, transpose_b)
+    args = (a2[None], b[None], sa, sb, c3, bias2, scale)
+    out = _reference(*args, st) if config is None else _fused(*args, st, config)
     return out.reshape(out_shape)

@@ -411,8 +411,10 @@ def _errors():
     e5 = _args((E5M2, E5M2))
     x = [
         # operand ranks, dtypes, K
-        ((a[0], b, sa, sb), {}, ValueError, r"a must have rank >= 2.*a\(300,\) float8_e4m3fn"),
-        ((a, b[None], sa, sb), {}, ValueError, r"b rank 2.*b\(1, 300, 20\)"),
+        ((a[0], b, sa, sb), {}, ValueError, r"a and b must have rank >= 2.*a\(300,\) float8_e4m3fn"),
+        ((a, b[:, 0], sa, sb), {}, ValueError, r"rank >= 2.*b\(300,\)"),
+        ((jnp.stack([a, a]), jnp.stack([b] * 3), sa, sb), {}, ValueError,
+         r"batch dims of a and b do not broadcast: a\(2, 8, 300\).*b\(3, 300, 20\)"),
         (e5, {}, TypeError, r"unsupported operand dtypes a float8_e5m2 x b float8_e5m2"),
         ((f16, f16.T, None, None), {}, TypeError, r"a float16 x b float16.*tg.gemm"),
         ((i8[0], b, sa, sb), {}, TypeError, r"a int8 x b float8_e4m3fn"),
