@@ -146,11 +146,11 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 # linearly or through the activation; a and b have none).
 #
 # Both take the call's operands: a3 (1 | B, R, K); b3 (1 | B, K, N), or (1 | B, N, K) with
-# transpose_b; sa None, () (per-tensor), (1 | B, R) (per-row) or (1, R, Kb) (block); sb None,
-# (), (1 | B, N) (per-column) or (1, Kb, Nb) (block, K-major grid); c3 (1 | B, 1 | R, 1 | N);
-# bias (1 | B, N); scale None or [alpha, beta]. A leading 1 is shared by the B items (stride
-# 0 in the kernel); block scales take B = 1. st = (form, transpose_b, kind, activation,
-# out_dtype, alpha, beta, B, R, N); the result is (B, R, N).
+# transpose_b; sa None, () (per-tensor), (1 | B, R) (per-row) or (1 | B, R, Kb) (block); sb
+# None, (), (1 | B, N) (per-column) or (1 | B, Kb, Nb) (block, K-major grid); c3 (1 | B, 1 | R,
+# 1 | N); bias (1 | B, N); scale None or [alpha, beta]. A leading 1 is shared by the B items
+# (stride 0 in the kernel). st = (form, transpose_b, kind, activation, out_dtype, alpha, beta,
+# B, R, N); the result is (B, R, N).
 
 def _items(fn, nb, *xs):
     """fn over the B items of the call's operands (None and scalars shared, leading 1 shared):
@@ -177,7 +177,7 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     """The product on the 8-bit kernels (sm90 rows; int8 also sm80 rows), one launch for the B
     items: per-tensor scales fold into alpha (read on the device), per-row and per-column ones
     are the epilogue's row and column scales; block scales are applied in the kernel's main
-    loop (passed as (Kb, R) and (Kb, Nb))."""
+    loop (passed K-major, each item's (Kb, R) and (Kb, Nb) stacked along the rows)."""
     form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
     k = a3.shape[2]
@@ -201,8 +201,10 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
         args.append(jnp.broadcast_to(sa, (nb, r)))
     if col:
         args.append(sb)
-    if block:  # a's scales K-major, rows padded to 16 bytes (a tile's scales: one bulk copy)
-        args += [jnp.pad(sa[0].T, ((0, 0), (0, -r % 4))), sb[0]]
+    if block:  # a's scales K-major, rows padded to 16 bytes (a tile's scales: one bulk copy);
+        # the items' (1 | B) stacked along the rows: (Kb or B Kb, R padded), (Kb or B Kb, Nb)
+        sat = jnp.pad(jnp.swapaxes(sa, 1, 2), ((0, 0), (0, 0), (0, -r % 4)))
+        args += [sat.reshape(-1, sat.shape[2]), sb.reshape(-1, sb.shape[2])]
     # (none at split_k 1 without packing; traced also where the extension is missing, as the
     # CUDA branch of platform_dependent, never lowered there)
     ws = (configs.workspace_floats(r, n, k, nb, a3.shape[0] == 1, b3.shape[0] == 1, False,
@@ -236,8 +238,8 @@ def _batch_rule(st, plan, v, batched, *xs):
     """vmap of _call (v items, `batched`: which operands carry them on axis 0): one launch.
     Where b, its scales and the bias are shared, the v items' rows join the call's rows (a
     taller product); otherwise they join its batch, shared operands at stride 0 (per-tensor
-    scales of an item become its row / column scales). Items that differ in alpha / beta, or
-    block scales over a batch of b, run one call per item (lax.map)."""
+    scales of an item become its row / column scales). Items that differ in alpha / beta run
+    one call per item (lax.map)."""
     form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     a3, b3, sa, sb, c3, bias, scale = xs
     ba, bb, bsa, bsb, bc, bbias, bscale = batched
@@ -256,7 +258,7 @@ def _batch_rule(st, plan, v, batched, *xs):
         c2 = None if c3 is None else c3 if not bc and c3.shape[:2] == (1, 1) else rows(c3, bc)
         new = [rows(a3, ba), b3, sa2, sb, c2, bias, scale]
         return _rerun(st[:7] + (1, r2, n), new).reshape(v, nb, r, n), True
-    if form == "block" or bscale:
+    if bscale:
         return _by_item(st, plan, batched, xs), True
     nb2 = v * nb
 
@@ -365,7 +367,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     a: (..., M, K); b: (..., K, N), or (..., N, K) with transpose_b (K-major b: what Hopper fp8
     wgmma reads). The batch dims of a and b broadcast as in jnp.matmul. A b without batch dims
     (or only dims of 1) is shared: a's batch dims fold into M. A batched b runs as one batched
-    launch, as does jax.vmap of this function (block scales with a batched b: one call per item).
+    launch, as does jax.vmap of this function (a per-item alpha / beta: one call per item).
     dtypes (a x b): float8_e4m3fn x float8_e4m3fn, float8_e4m3fn x float8_e5m2,
     float8_e5m2 x float8_e4m3fn, int8 x int8.
 

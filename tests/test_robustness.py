@@ -140,6 +140,17 @@ FFI_CASES = [  # (id, thunk, regex of the error message)
                                          promote=True, has_col_scale=True,
                                          extra=(jnp.ones((3, 3), F32),)),
      r"tcgemm: col_scale must be float32 \(1 or 2, 3\); got float32\(3, 3\)"),
+    # block scales: (ceil(K/128) or B ceil(K/128), >= M) and (the same rows, ceil(N/128))
+    ("block_sa_rows", lambda: raw_call(
+        x(2, 4, 128, dt=jnp.float8_e4m3fn), x(2, 3, 128, dt=jnp.float8_e4m3fn), (2, 4, 3),
+        transpose_b=True, config=F32_ROW, has_block_scale=True,
+        extra=(jnp.ones((3, 4), F32), jnp.ones((2, 1), F32))),
+     r"tcgemm: block_sa must have ceil\(K/128\) = 1 or B \* 1 rows; got 3"),
+    ("block_sb_cols", lambda: raw_call(
+        x(2, 4, 128, dt=jnp.float8_e4m3fn), x(2, 3, 128, dt=jnp.float8_e4m3fn), (2, 4, 3),
+        transpose_b=True, config=F32_ROW, has_block_scale=True,
+        extra=(jnp.ones((2, 4), F32), jnp.ones((2, 2), F32))),
+     r"tcgemm: block_sb must be float32 \(rows, 1\); got float32\(2, 2\)"),
     ("mixed_operands", lambda: raw_call(ok_a(), x(1, 8, 3, dt=BF16), (1, 4, 3)),
      r"tcgemm: operands must be float16 x float16, bfloat16 x bfloat16, float32 x float32, "
      r"int8 x int8 or float8 .*; got float16 and bfloat16"),

@@ -6,7 +6,7 @@ dot_general / matmul with batch dims): one custom call, whatever is batched.
   is the reference), so the rule's operand layouts (rows joined, batch joined, per item) are
   checked value for value; int8 -> int32 against numpy int64.
 * Lowering for CUDA (from the CPU host, plan forced): one tcgemm call with the joined batch or
-  rows, no loop; block scales over a batch of b: one call per item (a loop), as documented.
+  rows, no loop (block scales too); a per-item beta: one call per item (a loop), as documented.
 """
 import re
 
@@ -274,8 +274,16 @@ def test_lowering_one_call(monkeypatch):
                                                  preferred_element_type=jnp.int32), x, y)
     (call,) = custom_calls(text)
     assert _batch_of(call, -1) == 4 and call["pack"] == "true"
-    # block scales over a batch of b: one call per item (a loop)
-    a, b, sa, sb = _operands(rng, (E4M3, E4M3), (3,), 24, 256, 256, False, "block", "block")
+    # block scales over a batch of b: one call, each item's scales stacked along the rows
+    # ((3 Kb, M padded to 4) and (3 Kb, Nb))
+    a, b, sa, sb = _operands(rng, (E4M3, E4M3), (3,), 22, 256, 384, False, "block", "block")
     text = cuda_text(f, a, b, sa, sb)
+    (call,) = custom_calls(text)
+    assert "stablehlo.while" not in text and _batch_of(call, -1) == 3
+    assert "tensor<9x24xf32>" in call["line"] and "tensor<9x2xf32>" in call["line"]
+    # ... and a per-item beta: one call per item (a loop)
+    c = jnp.ones((22, 256), jnp.float32)
+    text = cuda_text(jax.vmap(lambda a, beta: tg.scaled_matmul(a, b[0], sa[0], sb[0], c=c,
+                                                               beta=beta)), a, jnp.ones(3))
     (call,) = custom_calls(text)
     assert "stablehlo.while" in text and _batch_of(call, -1) == 1

@@ -2,7 +2,7 @@
 b, over a, nested), int8 dot_general / matmul with batch dims. Each is one launch of the
 8-bit kernels (the compiled HLO has one tcgemm call and no loop), checked item by item against
 float64 references of the quantised values (test_scaled_gpu.reference), into poisoned outputs
-run twice; int8 -> int32 bit-exact. Every sm90 row with 8-bit kernels and every sm80 int8 row
+run twice; int8 -> int32 bit-exact; block scales included. Every sm90 row with 8-bit kernels and every sm80 int8 row
 is forced once on a batch with b at its own stride and once with b shared (stride 0)."""
 from __future__ import annotations
 
@@ -158,8 +158,8 @@ def test_vmaps():
 
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 def test_block_scales_over_a_batch_of_b():
-    """Block scales with a batch of b: one call per item (documented), each right; with b
-    shared, vmap over a is one launch (the items' rows join)."""
+    """Block scales with a batch of b: one launch, each item's scales (or scales shared by the
+    items: stride 0); with b shared, vmap over a joins the items' rows."""
     rng = np.random.default_rng(seed_of("batch-block"))
     m, n, k = 70, 260, 640
     a = quantised(rng, (3, m, k), E4M3)
@@ -173,7 +173,10 @@ def test_block_scales_over_a_batch_of_b():
     fails = []
     check(fails, "batch of b", f, (a, b, sa, sb),
           [reference(a[i], b[i], sa[i], sb[i], None, None, 0, None, False) for i in range(3)],
-          BF16, k, launches_once=False)
+          BF16, k)
+    check(fails, "batch of b, shared scales", f, (a, b, sa[:1], sb[:1]),
+          [reference(a[i], b[i], sa[0], sb[0], None, None, 0, None, False) for i in range(3)],
+          BF16, k)
     over_a = jax.vmap(f, in_axes=(0, None, 0, None))
     check(fails, "over a", over_a, (a, b[0], sa, sb[0]),
           [reference(a[i], b[0], sa[i], sb[0], None, None, 0, None, False) for i in range(3)],
@@ -216,8 +219,9 @@ ROWS = tuple(c.name for c in configs.CONFIGS if c.fp8 or c.int8)
 @pytest.mark.parametrize("row", ROWS)
 def test_every_row_batched(row, monkeypatch):
     """Each row with 8-bit kernels, forced, 1 and 2 K slices, on a batch of 3 with b at its own
-    stride (int8 rows: int32 exact; fp8 rows: per-row / per-column scales and beta * C) and
-    with b shared at stride 0 (vmap over a and per-item column scales into float32)."""
+    stride (int8 rows: int32 exact; fp8 rows: per-row / per-column scales and beta * C, and
+    block scales) and with b shared at stride 0 (vmap over a and per-item column scales into
+    float32)."""
     cfg = configs.BY_NAME[row]
     if cfg.kind == "sm90" and not _sm90():
         pytest.skip(NOT_SM90)
@@ -248,6 +252,12 @@ def test_every_row_batched(row, monkeypatch):
             check(fails, what + " batch of b", f, (a, b, sa, sb, c),
                   [reference(a[i], b[i], sa[i], sb[0], c[i], None, 0.5, None, tb)
                    for i in range(3)], F32, k)
+            if cfg.kind == "sm90":  # block scales of each item
+                blocks = [block_scales(rng, m, n, k, tb) for _ in range(3)]
+                sa, sb = (np.stack([x[j] for x in blocks]) for j in (0, 1))
+                check(fails, what + " block", f, (a, b, sa, sb, None),
+                      [reference(a[i], b[i], sa[i], sb[i], None, None, 0.5, None, tb)
+                       for i in range(3)], F32, k)
         # b shared by the items, which differ in their column scales: the batch stays
         # (b at stride 0)
         s0 = np.float32(1 / 256 if pair[0] == I8 else 0.75)

@@ -107,15 +107,18 @@ struct GemmParams {
                                // the dispatcher: the contiguous extent, or that of a packed copy)
   EpilogueParams epi;
   RaggedParams ragged;         // mode kNone: a plain (batched) product
-  // DeepSeek-V3 block scales of an fp8 product (the sm90 fp8 kernels, batch 1): the partial
-  // product of each 128-slice kb of K is scaled by block_sa[kb][r] * block_sb[kb][c / 128]
-  // (float32, row-major (ceil(K/128), M) with rows block_sa_ld >= M apart, and
-  // (ceil(K/128), ceil(N/128))) before it is added to the float32 sums; the epilogue follows.
-  // nullptr: no block scales. block_sa's rows are 16-byte multiples and aligned (LaunchGemm
-  // checks it), so a kernel copies a tile's a scales with one bulk copy; scaled.py pads them.
+  // DeepSeek-V3 block scales of an fp8 product (the sm90 fp8 kernels): the partial product of
+  // each 128-slice kb of K of batch item z is scaled by block_sa[z][kb][r] *
+  // block_sb[z][kb][c / 128] (float32, row-major (ceil(K/128), M) with rows block_sa_ld >= M
+  // apart, and (ceil(K/128), ceil(N/128)); items block_sa_sb / block_sb_sb floats apart, 0:
+  // shared by the batch) before it is added to the float32 sums; the epilogue follows.
+  // nullptr: no block scales. block_sa's rows and items are 16-byte multiples and aligned
+  // (LaunchGemm checks it), so a kernel copies a tile's a scales with one bulk copy; scaled.py
+  // pads them.
   const float* block_sa = nullptr;
   const float* block_sb = nullptr;
   int64_t block_sa_ld = 0;
+  int64_t block_sa_sb = 0, block_sb_sb = 0;
   // Promoted float16 operands (GemmProblem::promote): each piece of K below piece_scale_k is
   // multiplied by piece_scale as it is added to the float32 sums (f16x3's remainders, stored
   // 2^11 times larger so that float16 holds their bits: jax_tcgemm/f32.py). piece_scale_k is a

@@ -77,7 +77,7 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
   }
   // Per-row (B, M) and per-column (1 or B, N) float32 scales; with `ld`, rows of at least
   // `cols` (their length stored there); with `got_rows`, 1 row also (shared by the batch; the
-  // rows stored there).
+  // rows stored there); rows < 0: any number of rows (the caller checks them).
   auto vec = [&](const char* name, int64_t rows, int64_t cols, const float*& to,
                  int64_t* ld = nullptr, int64_t* got_rows = nullptr) -> std::string {
     const bool rows1 = got_rows != nullptr;
@@ -85,9 +85,11 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
     if (v.has_error()) return std::string("cannot decode ") + name;
     const auto d = v.value().dimensions();
     if (v.value().element_type() != ffi::DataType::F32 || d.size() != 2 ||
-        !(d[0] == rows || (rows1 && d[0] == 1)) || (ld ? d[1] < cols : d[1] != cols))
-      return std::string(name) + " must be float32 (" + (rows1 ? "1 or " : "") +
-             std::to_string(rows) + ", " + (ld ? ">= " : "") + std::to_string(cols) +
+        !(rows < 0 || d[0] == rows || (rows1 && d[0] == 1)) ||
+        (ld ? d[1] < cols : d[1] != cols))
+      return std::string(name) + " must be float32 (" + (rows1 && rows >= 0 ? "1 or " : "") +
+             (rows < 0 ? std::string("rows") : std::to_string(rows)) + ", " +
+             (ld ? ">= " : "") + std::to_string(cols) +
              "); got " + DtypeName(v.value().element_type()) + Dims(d);
     to = static_cast<const float*>(v.value().untyped_data());
     if (ld) *ld = d[1];
@@ -102,13 +104,23 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
       return e;
     ep.col_scale_sb = rows == cd[0] && cd[0] > 1 ? cd[2] : 0;
   }
-  if (has_block_scale) {  // (ceil(K/128), >= M) and (ceil(K/128), ceil(N/128))
-    if (cd[0] != 1) return "block scales take a batch of 1";
-    const int64_t kb = (k + 127) / 128;
-    if (std::string e = vec("block_sa", kb, cd[1], p.block_sa, &p.block_sa_ld); !e.empty())
+  if (has_block_scale) {  // (ceil(K/128), >= M) and (ceil(K/128), ceil(N/128)), or the B items'
+    // stacked along the rows: (B ceil(K/128), ...)
+    const int64_t kb = (k + 127) / 128, nb = (cd[2] + 127) / 128;
+    int64_t rows_a = 0, rows_b = 0;
+    auto items = [&](const char* name, int64_t rows) -> std::string {
+      if (rows == kb || rows == cd[0] * kb) return {};
+      return std::string(name) + " must have ceil(K/128) = " + std::to_string(kb) + " or B * " +
+             std::to_string(kb) + " rows; got " + std::to_string(rows);
+    };
+    if (std::string e = vec("block_sa", -1, cd[1], p.block_sa, &p.block_sa_ld, &rows_a);
+        !e.empty() || !(e = items("block_sa", rows_a)).empty())
       return e;
-    if (std::string e = vec("block_sb", kb, (cd[2] + 127) / 128, p.block_sb); !e.empty())
+    if (std::string e = vec("block_sb", -1, nb, p.block_sb, nullptr, &rows_b);
+        !e.empty() || !(e = items("block_sb", rows_b)).empty())
       return e;
+    p.block_sa_sb = rows_a == kb ? 0 : kb * p.block_sa_ld;
+    p.block_sb_sb = rows_b == kb ? 0 : kb * nb;
   }
   if (aux) {
     auto x = rets.get<ffi::AnyBuffer>(0);

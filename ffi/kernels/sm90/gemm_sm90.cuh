@@ -204,21 +204,22 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         const int k0 = wk.kbase + kt * kKTile;
         uint32_t scale_bytes = 0;
         if constexpr (kStagedScales) {
-          if (copy_scales) {  // block kb's a scales are row kb of block_sa
+          if (copy_scales) {  // block kb's a scales are row kb of the item's block_sa
             const int64_t kb = k0 / 128, nb = (p.n + 127) / 128, rows = p.m - m0;
+            const float* sb = p.block_sb + wk.z * p.block_sb_sb + kb * nb;
             const uint32_t dst = scale_stage(s);
 #pragma unroll
             for (int h = 0; h < kHalves; ++h) {
               const bool in = n0 / 128 + h < nb;
-              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + h),
-                                       in ? p.block_sb + kb * nb + n0 / 128 + h : p.block_sb,
+              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + h), in ? sb + n0 / 128 + h : sb,
                                        in ? 4 : 0);
             }
             ptx::cp_async_mbarrier_arrive(full_bar(s));
             // whole 16-byte chunks: up to 3 floats of the padded row past M
             scale_bytes = 16 * uint32_t(rows < Tr::kBM ? (rows + 3) / 4 : Tr::kBM / 4);
             ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes + scale_bytes);
-            ptx::bulk_load(dst, p.block_sa + kb * p.block_sa_ld + m0, scale_bytes, full_bar(s));
+            ptx::bulk_load(dst, p.block_sa + wk.z * p.block_sa_sb + kb * p.block_sa_ld + m0,
+                           scale_bytes, full_bar(s));
           }
         }
         if (scale_bytes == 0) ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
@@ -291,15 +292,17 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   float bsa[Tr::kMB][2], bsb[kHalves];
   auto load_block_scales = [&](int kt) {
     const int64_t kb = wk.kbase / 128 + kt, nb = (p.n + 127) / 128;
+    const float* sa = p.block_sa + wk.z * p.block_sa_sb + kb * p.block_sa_ld;
+    const float* sb = p.block_sb + wk.z * p.block_sb_sb + kb * nb;
 #pragma unroll
     for (int h = 0; h < kHalves; ++h)
-      bsb[h] = wk.n0 / 128 + h < nb ? __ldg(p.block_sb + kb * nb + wk.n0 / 128 + h) : 0.0f;
+      bsb[h] = wk.n0 / 128 + h < nb ? __ldg(sb + wk.n0 / 128 + h) : 0.0f;
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t row = wk.m0 + 64 * (mb0 + mb) + scale_row + 8 * e;
-        bsa[mb][e] = row < p.m ? __ldg(p.block_sa + kb * p.block_sa_ld + row) : 0.0f;
+        bsa[mb][e] = row < p.m ? __ldg(sa + row) : 0.0f;
       }
   };
   // Stage st's staged scales (Sm90Traits::StagedScales): a's of this thread's rows, b's of the
