@@ -212,6 +212,20 @@ def _plan(lhs_shape, rhs_shape, lc, rc, lb, rb):
     return best[1], best[2], best[3]
 
 
+def _int8_result(fn, x, y):
+    """The result (shape and dtype) fn(x, y) would give, where x and y are int8 and that result
+    is int32 (what our int8 kernels compute); None otherwise, or where fn rejects the
+    arguments (its own error then comes from the call of fn itself)."""
+    if np.dtype(x.dtype) != np.int8 or np.dtype(y.dtype) != np.int8:
+        return None
+    try:
+        want = jax.eval_shape(fn, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              jax.ShapeDtypeStruct(y.shape, y.dtype))
+    except Exception:  # noqa: BLE001
+        return None
+    return want if np.dtype(want.dtype) == np.int32 else None
+
+
 def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                   out_sharding):
     """int8 x int8 -> int32 (lax's result type for that preferred_element_type), any dimension
@@ -219,20 +233,15 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
     as (batch, N, K) (or (batch, K, N) where that is its layout): the int8 kernels where they
     run (sm90, or sm80 off Hopper), lax elsewhere (the same exact int32). None for every other
     case (lax's own errors come from the lax call)."""
-    if (np.dtype(lhs.dtype) != np.int8 or np.dtype(rhs.dtype) != np.int8
-            or out_sharding is not None):
+    if out_sharding is not None:
         return None
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        want = jax.eval_shape(
-            lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
-                                          preferred_element_type=preferred_element_type),
-            jax.ShapeDtypeStruct(lhs.shape, lhs.dtype), jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
-        lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
-    except Exception:  # noqa: BLE001
+    want = _int8_result(lambda x, y: _lax_dot_general(
+        x, y, dimension_numbers, precision=precision,
+        preferred_element_type=preferred_element_type), lhs, rhs)
+    if want is None:
         return None
-    if np.dtype(want.dtype) != np.int32:
-        return None
+    (lc, rc), (lb, rb) = dimension_numbers  # (lax took them)
+    lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
     from .scaled import scaled_matmul
     lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
     rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
@@ -252,16 +261,11 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
 def _int8_matmul(a, b, precision, out_dtype):
     """jnp.matmul of int8 x int8 -> int32 operands of rank >= 2 (batch dims broadcast) as one
     tg.scaled_matmul, or None (other dtypes, ranks or result types: jnp's)."""
-    if (np.dtype(a.dtype) != np.int8 or np.dtype(b.dtype) != np.int8 or min(a.ndim, b.ndim) < 2
-            or out_dtype is None):
+    if min(a.ndim, b.ndim) < 2 or out_dtype is None:
         return None
-    try:
-        want = jax.eval_shape(
-            lambda x, y: _jnp_matmul(x, y, precision=precision, preferred_element_type=out_dtype),
-            jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(b.shape, b.dtype))
-    except Exception:  # noqa: BLE001
-        return None
-    if np.dtype(want.dtype) != np.int32:
+    want = _int8_result(lambda x, y: _jnp_matmul(x, y, precision=precision,
+                                                 preferred_element_type=out_dtype), a, b)
+    if want is None:
         return None
     from .scaled import scaled_matmul
     return scaled_matmul(a, b, None, None, out_dtype=jnp.int32).reshape(want.shape)

@@ -246,15 +246,20 @@ def _batch_rule(args, bdims, **params):
     return [o.reshape((v, bt) + o.shape[1:]) for o in outs], [0] * len(outs)
 
 
-def _batch_by_loop(args, bdims, params):
-    """vmap with a mapped scale (traced alpha / beta per item): one product per item."""
+def map_items(fn, args, bdims):
+    """fn over the vmapped items one at a time (lax.map): args with their vmapped axes bdims
+    (None: unmapped, passed whole to every item); the items' results stacked on axis 0."""
     mapped = [jnp.moveaxis(x, d, 0) for x, d in zip(args, bdims) if d is not None]
 
     def one(xs):
         it = iter(xs)
-        return tcgemm_p.bind(*[x if d is None else next(it) for x, d in zip(args, bdims)],
-                             **params)
-    outs = lax.map(one, mapped)
+        return fn(*[x if d is None else next(it) for x, d in zip(args, bdims)])
+    return lax.map(one, mapped)
+
+
+def _batch_by_loop(args, bdims, params):
+    """vmap with a mapped scale (traced alpha / beta per item): one product per item."""
+    outs = map_items(lambda *xs: tcgemm_p.bind(*xs, **params), args, bdims)
     return list(outs), [0] * len(outs)
 
 

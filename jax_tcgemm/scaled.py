@@ -37,6 +37,7 @@ from jax.lax import dot_general as _lax_dot_general
 
 from . import _ffi, configs, epilogue, lowering
 from .ops import _as_array
+from .primitive import _fold, map_items
 from .scaled_forms import (BLOCK, FLOAT_OUT, I32, _name, _scale, a_scale_form,  # noqa: F401
                            b_scale_form, check_forms, kind_of)
 
@@ -152,22 +153,28 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 # (stride 0 in the kernel). st = (form, transpose_b, kind, activation, out_dtype, alpha, beta,
 # B, R, N); the result is (B, R, N).
 
-def _items(fn, nb, *xs):
-    """fn over the B items of the call's operands (None and scalars shared, leading 1 shared):
-    one call of fn where nothing varies, jax.vmap of it otherwise; (B, ...)."""
-    axes = [None if x is None or x.ndim == 0 or x.shape[0] == 1 else 0 for x in xs]
-    xs = [x if x is None or x.ndim == 0 or x.shape[0] != 1 else x[0] for x in xs]
-    out = (fn(*xs)[None] if all(a is None for a in axes)
-           else jax.vmap(fn, in_axes=axes)(*xs))
-    return jnp.broadcast_to(out, (nb,) + out.shape[1:])
+def _over_batch(batch, xs, fn):
+    """fn(*items) for every item of the batch dims `batch`, stacked: xs are operands with those
+    leading dims, each its own or 1 (None and scalars: shared by every item); one jax.vmap per
+    batch dim along which some operand varies (one call of fn where none does, its result
+    broadcast). Under the vmaps the call's vmap rule (_batch_rule) makes them one launch."""
+    if not batch:
+        return fn(*xs)
+    lead = [x is not None and x.ndim > 0 for x in xs]
+    axes = [0 if has and x.shape[0] > 1 else None for x, has in zip(xs, lead)]
+    items = [x[0] if has and ax is None else x for x, has, ax in zip(xs, lead, axes)]
+    inner = functools.partial(_over_batch, batch[1:], fn=fn)
+    out = (inner(items)[None] if all(ax is None for ax in axes)
+           else jax.vmap(lambda *ys: inner(list(ys)), in_axes=axes)(*items))
+    return jnp.broadcast_to(out, batch[:1] + out.shape[1:])
 
 
 def _reference(a3, b3, sa, sb, c3, bias, scale, st):
     form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     if out_dtype == I32:  # int8 x int8 -> int32: exact, nothing else
-        return _items(lambda x, y: _int_dot(x, y, transpose_b), nb, a3, b3)
-    acc = _items(lambda x, y, s, t: _product(x, y, s, t, form, transpose_b, kind),
-                 nb, a3, b3, sa, sb)
+        return _over_batch((nb,), [a3, b3], lambda x, y: _int_dot(x, y, transpose_b))
+    acc = _over_batch((nb,), [a3, b3, sa, sb],
+                      lambda x, y, s, t: _product(x, y, s, t, form, transpose_b, kind))
     out = epilogue.apply(acc, c3, bias, scale, alpha=al, beta=be,
                          activation=activation or "none", out_dtype=out_dtype, aux=False)[0]
     return jnp.broadcast_to(out, (nb, r, n))
@@ -240,7 +247,7 @@ def _batch_rule(st, plan, v, batched, *xs):
     taller product); otherwise they join its batch, shared operands at stride 0 (per-tensor
     scales of an item become its row / column scales). Items that differ in alpha / beta run
     one call per item (lax.map)."""
-    form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
+    nb, r, n = st[7:]
     a3, b3, sa, sb, c3, bias, scale = xs
     ba, bb, bsa, bsb, bc, bbias, bscale = batched
     shared = (not (bb or bsb or bbias or bscale) and b3.shape[0] == 1
@@ -259,18 +266,16 @@ def _batch_rule(st, plan, v, batched, *xs):
         new = [rows(a3, ba), b3, sa2, sb, c2, bias, scale]
         return _rerun(st[:7] + (1, r2, n), new).reshape(v, nb, r, n), True
     if bscale:
-        return _by_item(st, plan, batched, xs), True
-    nb2 = v * nb
+        return map_items(_call(st, plan), xs, [0 if bx else None for bx in batched]), True
+    def fold(x, bx):  # into the batch (primitive._fold); unbatched scalars and None stay
+        return x if x is None or (not bx and x.ndim == 0) else _fold(x, 0 if bx else None, v, nb)
 
-    def fold(x, bx, tail=None):  # (v, 1 | nb) + tail -> (v * nb,) + tail; shared stays 1
-        if x is None or (not bx and (x.ndim == 0 or x.shape[0] == 1)):
-            return x
-        tail = x.shape[1 + bx:] if tail is None else tail
-        return jnp.broadcast_to(x if bx else x[None], (v, nb) + tail).reshape((nb2,) + tail)
-    sa2 = fold(sa[:, None, None], True, (r,)) if bsa and sa.ndim == 1 else fold(sa, bsa)
-    sb2 = fold(sb[:, None, None], True, (n,)) if bsb and sb.ndim == 1 else fold(sb, bsb)
-    new = [fold(a3, ba), fold(b3, bb), sa2, sb2, fold(c3, bc), fold(bias, bbias), scale]
-    return _rerun(st[:7] + (nb2, r, n), new).reshape(v, nb, r, n), True
+    def vec(x, bx, size):  # per-item per-tensor scales (v,) -> row / column scales (v nb, size)
+        return fold(jnp.broadcast_to(x[:, None, None], (v, 1, size)), True) if bx and \
+            x.ndim == 1 else fold(x, bx)
+    new = [fold(a3, ba), fold(b3, bb), vec(sa, bsa, r), vec(sb, bsb, n), fold(c3, bc),
+           fold(bias, bbias), scale]
+    return _rerun(st[:7] + (v * nb, r, n), new).reshape(v, nb, r, n), True
 
 
 def _rerun(st, xs):
@@ -278,15 +283,6 @@ def _rerun(st, xs):
     form, kind, nb, r, n, k = st[0], st[2], st[7], st[8], st[9], xs[0].shape[2]
     plan = kernel_config(kind, r, n, k, form, nb)
     return _reference(*xs, st) if plan is None else _call(st, plan)(*xs)
-
-
-def _by_item(st, plan, batched, xs):
-    mapped = [x for x, bx in zip(xs, batched) if bx]
-
-    def one(ys):
-        it = iter(ys)
-        return _call(st, plan)(*[next(it) if bx else x for x, bx in zip(xs, batched)])
-    return lax.map(one, mapped)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
@@ -334,20 +330,6 @@ def _padded_plan(a2, b, kind, n, form, transpose_b):
     r, k = a2.shape
     plan = kernel_config(kind, r, n, -(-k // 16) * 16, form)
     return (*(_pad_k(a2, b, transpose_b) if plan is not None else (a2, b)), plan)
-
-
-def _over_batch(batch, peeled, call):
-    """call(*items) for every item of the result's batch dims `batch`: `peeled` are operands
-    with those leading dims (each its own or 1), one jax.vmap per batch dim (where some operand
-    varies along it). Under the vmaps the call's vmap rule makes them one launch."""
-    if not batch:
-        return call(*peeled)
-    axes = [0 if x.shape[0] > 1 else None for x in peeled]
-    items = [x if ax == 0 else x[0] for x, ax in zip(peeled, axes)]
-    inner = functools.partial(_over_batch, batch[1:], call=call)
-    if all(ax is None for ax in axes):
-        return inner(items)[None]
-    return jax.vmap(lambda *xs: inner(list(xs)), in_axes=axes)(*items)
 
 
 # ---------------------------------------------------------------------------------------------

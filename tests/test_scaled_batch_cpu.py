@@ -17,6 +17,7 @@ import pytest
 
 import jax_tcgemm as tg
 from jax_tcgemm import _ffi
+from conftest import seed_of
 from test_cpu import cuda_text, custom_calls
 from test_scaled_cpu import E4M3, E5M2, F32, I8, BF16, cdiv, quant
 
@@ -40,7 +41,7 @@ def path(request, monkeypatch):
 
 
 def _rng(*tag):
-    return np.random.default_rng(abs(hash(tag)) % 2**32)
+    return np.random.default_rng(seed_of("scaled-batch", *tag))
 
 
 def _scale(rng, shape):
