@@ -30,8 +30,22 @@ def activate(name, x):
     if name == "gelu_tanh":
         return jax.nn.gelu(x, approximate=True)
     if name == "silu":
-        return x / (1.0 + jnp.exp(-x))
+        return _silu(x)
     raise ValueError(f"unknown activation {name!r}")
+
+
+@jax.custom_jvp
+def _silu(x):
+    return x / (1.0 + jnp.exp(-x))
+
+
+@_silu.defjvp
+def _silu_jvp(primals, tangents):
+    """The kernels' derivative, s (1 + x (1 - s)) with s = sigmoid(x): finite where exp(-x)
+    overflows (x < -88), where the quotient's own derivative is inf / inf = NaN."""
+    (x,), (t,) = primals, tangents
+    s = jax.nn.sigmoid(x)
+    return _silu(x), t * (s * (1.0 + x * (1.0 - s)))
 
 
 def activate_grad(name, x):

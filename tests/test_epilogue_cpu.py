@@ -370,6 +370,27 @@ def test_grad_of_grad(act):
     assert prims(jx, "tcgemm") and not [e for e in eqns(jx) if e.primitive.name in DOT_LIKE]
 
 
+@pytest.mark.parametrize("act", ACTS[1:], ids=ACT_IDS[1:])
+def test_grad_at_large_pre_activations(act):
+    """Pre-activations out to +-600 (silu's exp(-x) overflows float32 below -88, where the
+    quotient's own derivative is inf / inf): the gradients of tg.gemm and tg.scaled_matmul (the
+    kernel's formula, s (1 + x (1 - s))) are finite and match the float64 derivative."""
+    x = jnp.asarray(np.linspace(-15.0, 15.0, 40 * 32).reshape(40, 32), F32)
+    w = jnp.asarray(np.eye(32, 16) * 40.0, F32)
+    p = f64(x) @ f64(w)
+    got = jax.grad(lambda x: jnp.sum(tg.gemm(x, w, activation=act, out_dtype=F32)))(x)
+    want = dact64(act, p) @ f64(w).T
+    assert np.isfinite(f64(got)).all()
+    np.testing.assert_allclose(f64(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    q = jnp.asarray(np.linspace(-15.0, 15.0, 40 * 32).reshape(40, 32), jnp.float8_e4m3fn)
+    wq = jnp.asarray(np.eye(32, 16), jnp.float8_e4m3fn)
+    pq = f64(q) @ f64(wq) * 40.0
+    gs = jax.grad(lambda s: jnp.sum(tg.scaled_matmul(q, wq, s, 1.0, activation=act,
+                                                     out_dtype=F32)))(jnp.float32(40.0))
+    want_s = np.sum(dact64(act, pq) * pq / 40.0)
+    assert np.isfinite(float(gs)) and abs(float(gs) - want_s) <= 1e-5 * np.abs(pq).sum()
+
+
 # ---------------------------------------------------------------------------------------------
 # Jaxprs of AD.
 
