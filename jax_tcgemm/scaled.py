@@ -20,7 +20,9 @@ Two paths compute it, with the same numbers (up to float32 summation order):
   accumulator, never to a dequantised copy of a or b. It is also the reference of the kernels'
   tests, and it defines the derivatives of both paths.
 Rules (shapes, dtypes, scale forms) are pure functions of shapes and dtypes, checked at trace
-time.
+time. Under a jit over a mesh the kernel path's call (tcgemm_scaled_p) runs on the local shards
+(sharding.scaled_partition: batch / M / N sharded as they are, K sharded with one psum before
+the epilogue), as tg.gemm's does.
 """
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 # As imported: a user may monkeypatch jax.lax.dot_general = tg.dot_general.
 from jax.lax import dot_general as _lax_dot_general
 
-from . import _ffi, configs, epilogue, lowering
+from . import _ffi, configs, epilogue, lowering, sharding
 from .ops import _as_array
-from .primitive import _fold, map_items
+from .primitive import _fold, _jitted_impl, map_items
 from .scaled_forms import (BLOCK, FLOAT_OUT, I32, _name, _scale, a_scale_form,  # noqa: F401
                            b_scale_form, check_forms, kind_of)
 
@@ -229,19 +233,60 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     return d
 
 
+# tcgemm_scaled_p: the call as one primitive. Operands a3, b3, then those of (sa, sb, c3, bias,
+# scale) that are given (`present`); `st` its first 7 entries (the rest is the operands' shapes).
+# It lowers to the kernels on CUDA, planned for the shapes it lowers with (over several devices
+# the local shards: sharding.scaled_partition), and to _reference elsewhere.
+tcgemm_scaled_p = Primitive("tcgemm_scaled")
+
+
+def _full(xs, present, st):
+    """The 7 operands of a call on xs (arrays or avals; None where absent) and its whole st."""
+    ops = sharding.scaled_operands(xs, present)
+    n = ops[1].shape[1] if st[1] else ops[1].shape[2]
+    return ops, tuple(st) + (max(x.shape[0] for x in xs if x.ndim >= 2), ops[0].shape[1], n)
+
+
+def _abstract(*xs, st, present):
+    ops, full = _full(xs, present, st)
+    return jax.core.ShapedArray(full[7:], np.dtype(st[4]),
+                                **sharding.result_sharding(ops[0], ops[1], False, st[1]))
+
+
+def _lowering(kernels):
+    """The lowering: the kernels (if `kernels`, where one runs these shapes) or _reference."""
+    def rule(ctx, *xs, st, present):
+        ops, full = _full(ctx.avals_in, present, st)
+        nb, r, n = full[7:]
+        plan = kernel_config(st[2], r, n, ops[0].shape[2], st[0], nb) if kernels else None
+        fn = (functools.partial(_reference, st=full) if plan is None
+              else functools.partial(_kernel, st=full, plan=plan))
+        return mlir.lower_fun(lambda *ys: fn(*_full(ys, present, st)[0]),
+                              multiple_results=False)(ctx, *xs)
+    return rule
+
+
+tcgemm_scaled_p.def_abstract_eval(_abstract)
+tcgemm_scaled_p.def_impl(lambda *xs, **params: _jitted_impl(tcgemm_scaled_p, **params)(*xs))
+for _plat, _kernels in ((None, False), ("cuda", True)):
+    mlir.register_lowering(tcgemm_scaled_p, sharding.symbolic_or(
+        _lowering(False), sharding.partitioned(_lowering(_kernels), tcgemm_scaled_p,
+                                               sharding.scaled_rule)), platform=_plat)
+
+
 @functools.lru_cache(maxsize=None)
-def _call(st, plan):
-    """The call for st on `plan`: the kernel on CUDA, the reference elsewhere, with a vmap rule
-    (_batch_rule) that makes a vmapped call one launch, as tg.gemm's primitive does."""
+def _call(st):
+    """The call for st, with a vmap rule (_batch_rule) that makes a vmapped call one launch, as
+    tg.gemm's primitive does."""
     def run(*xs):
-        return lax.platform_dependent(*xs, cuda=functools.partial(_kernel, st=st, plan=plan),
-                                      default=functools.partial(_reference, st=st))
+        return tcgemm_scaled_p.bind(*(x for x in xs if x is not None), st=st[:7],
+                                    present=tuple(x is not None for x in xs[2:]))
     fn = jax.custom_batching.custom_vmap(run)
-    fn.def_vmap(functools.partial(_batch_rule, st, plan))
+    fn.def_vmap(functools.partial(_batch_rule, st))
     return fn
 
 
-def _batch_rule(st, plan, v, batched, *xs):
+def _batch_rule(st, v, batched, *xs):
     """vmap of _call (v items, `batched`: which operands carry them on axis 0): one launch.
     Where b, its scales and the bias are shared, the v items' rows join the call's rows (a
     taller product); otherwise they join its batch, shared operands at stride 0 (per-tensor
@@ -266,7 +311,7 @@ def _batch_rule(st, plan, v, batched, *xs):
         new = [rows(a3, ba), b3, sa2, sb, c2, bias, scale]
         return _rerun(st[:7] + (1, r2, n), new).reshape(v, nb, r, n), True
     if bscale:
-        return map_items(_call(st, plan), xs, [0 if bx else None for bx in batched]), True
+        return map_items(_call(st), xs, [0 if bx else None for bx in batched]), True
     def fold(x, bx):  # into the batch (primitive._fold); unbatched scalars and None stay
         return x if x is None or (not bx and x.ndim == 0) else _fold(x, 0 if bx else None, v, nb)
 
@@ -282,15 +327,15 @@ def _rerun(st, xs):
     """_call for the batched problem st, planned anew for its shape."""
     form, kind, nb, r, n, k = st[0], st[2], st[7], st[8], st[9], xs[0].shape[2]
     plan = kernel_config(kind, r, n, k, form, nb)
-    return _reference(*xs, st) if plan is None else _call(st, plan)(*xs)
+    return _reference(*xs, st) if plan is None else _call(st)(*xs)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
-def _fused(a3, b3, sa, sb, c3, bias, scale, st, plan):
-    return _call(st, plan)(a3, b3, sa, sb, c3, bias, scale)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(7,))
+def _fused(a3, b3, sa, sb, c3, bias, scale, st):
+    return _call(st)(a3, b3, sa, sb, c3, bias, scale)
 
 
-def _fused_jvp(st, config, primals, tangents):
+def _fused_jvp(st, primals, tangents):
     # The reference's derivatives, with respect to the inputs that have tangents (a tangent of
     # a or b reaches _product's rule, which raises its TypeError).
     live = [i for i, t in enumerate(tangents)
@@ -302,7 +347,7 @@ def _fused_jvp(st, config, primals, tangents):
         for i, x in zip(live, xs):
             full[i] = x
         return _reference(*full, st)
-    out = _fused(*primals, st, config)
+    out = _fused(*primals, st)
     if not live:
         return out, jnp.zeros_like(out)
     _, tan = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
@@ -468,5 +513,5 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     st = (form, bool(transpose_b), kind, activation, out_dtype, al, be, 1, r, n)
     a2, b, config = _padded_plan(a.reshape(r, k), b, kind, n, form, transpose_b)
     args = (a2[None], b[None], sa, sb, c3, bias2, scale)
-    out = _reference(*args, st) if config is None else _fused(*args, st, config)
+    out = _reference(*args, st) if config is None else _fused(*args, st)
     return out.reshape(out_shape)

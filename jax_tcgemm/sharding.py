@@ -21,7 +21,8 @@ lowering plans config and split for the LOCAL shapes):
 
 tcgemm_dact_p (the backward of the epilogue: g = ct * act'(pre), dbias = column sums of g)
 has a rule too (`dact_rule`: elementwise over (b m n), dbias (b n) or (zb n)): it runs on the
-local shards and psums the partial bias gradients over the sharded rows (and batch).
+local shards and psums the partial bias gradients over the sharded rows (and batch). So do
+tcgemm_ragged_p (`ragged_rule`) and the 8-bit call tcgemm_scaled_p (`scaled_rule`), below.
 
 Lowered directly (no custom_partitioning), always correct: one device; inside `shard_map`
 (all axes manual: the primitive already sees local shapes); `jax.export` (custom_partitioning
@@ -313,14 +314,19 @@ def _meshless(fn):
     return local
 
 
-def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
-    if prim.name == "tcgemm_ragged":
-        return ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes)
-    params = dict(static)
+def _named(prim, arg_shapes, result_shapes):
     shardings = [s.sharding for s in (*arg_shapes, *result_shapes)]
     if not all(isinstance(s, NamedSharding) for s in shardings):
         raise NotImplementedError(
             f"jax_tcgemm: sharded {prim} needs NamedShardings over a mesh; got {shardings}")
+    return shardings
+
+
+def partition(prim, static, factors, mesh, arg_shapes, result_shapes):
+    if prim.name in _PARTITIONS:
+        return _PARTITIONS[prim.name](prim, static, factors, mesh, arg_shapes, result_shapes)
+    params = dict(static)
+    shardings = _named(prim, arg_shapes, result_shapes)
     if prim.name == "tcgemm":
         even = {"k": _dims(arg_shapes[0].shape, arg_shapes[1].shape, params["transpose_a"],
                            params["transpose_b"])[3]}
@@ -393,10 +399,7 @@ def _ragged_local(prim, params, axes, mesh, m, groups):
 
 def ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
     params = dict(static)
-    shardings = [s.sharding for s in (*arg_shapes, *result_shapes)]
-    if not all(isinstance(s, NamedSharding) for s in shardings):
-        raise NotImplementedError(
-            f"jax_tcgemm: sharded {prim} needs NamedShardings over a mesh; got {shardings}")
+    shardings = _named(prim, arg_shapes, result_shapes)
     arrays = factors.operands + factors.results
     used, axes = set(), {}
     for factor in ("g", "m", "n", "k"):  # experts first: gathering rows is cheaper than weights
@@ -412,3 +415,99 @@ def ragged_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
     arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
     out_shardings = [NamedSharding(mesh, _spec(f, axes)) for f in factors.results]
     return mesh, _meshless(lower_fn), out_shardings, arg_shardings
+
+
+# ---------------------------------------------------------------------------------------------
+# tcgemm_scaled_p (scaled.py, the 8-bit call): a (b m k), b (b k n) or (b n k), then as given
+# sa () | (b m) | (b m kb), sb () | (b n) | (b kb nb), c (b m n), bias (b n), scale (s)
+# -> d (b m n), k a reduction factor; kb / nb (block scales: 128-slices of K, 128-blocks of N)
+# stay whole, and each device slices its own. On the local shards:
+#
+# * batch / M / N sharded: the whole op (scales, epilogue); N only in whole 128-column blocks
+#   where b has block scales.
+# * K sharded (in 16-element pieces, the kernels' K unit; 128-slices with block scales): each
+#   device's scaled partial product in float32 (int8 -> int32: exact, wrapping as one int32 sum
+#   does), one psum over the K axes, then the epilogue once (the formula of scaled._reference).
+
+def scaled_operands(xs, present):
+    """[a, b, sa, sb, c, bias, scale] of a call's operands (or their shapes), None where absent."""
+    it = iter(xs[2:])
+    return list(xs[:2]) + [next(it) if p else None for p in present]
+
+
+def scaled_rule(shapes, params):
+    """tcgemm_scaled_p's factors (above); a size-1 batch has its own factor, as in gemm_rule."""
+    tb = params["st"][1]
+    a, b, sa, sb, c, bias, scale = scaled_operands(shapes, params["present"])
+    bt, n = max(s[0] for s in shapes if len(s) >= 2), b[1] if tb else b[2]
+
+    def lead(s, own):
+        return "b" if s[0] == bt else own
+    ops = [(lead(a, "sa"), "m", "k"), (lead(b, "sb"),) + (("n", "k") if tb else ("k", "n"))]
+    if sa is not None:
+        ops.append(() if not sa else (lead(sa, "xb"), "m") + (("kb",) if len(sa) == 3 else ()))
+    if sb is not None:
+        ops.append(() if not sb else (lead(sb, "yb"), "n") if len(sb) == 2 else
+                   (lead(sb, "yb"), "kb", "nb"))
+    if c is not None:
+        ops.append(tuple(f if size == full else "c" + f
+                         for f, size, full in zip(_RESULT, c, (bt, a[1], n))))
+    if bias is not None:
+        ops.append((lead(bias, "zb"), "n"))
+    if scale is not None:
+        ops.append(("s",))
+    own = tuple(sorted({f for fs in ops for f in fs} - {"b", "m", "n", "k"}))
+    return Rule(tuple(ops), (_RESULT,), ("k",), own)
+
+
+def _own_blocks(x, dim, axes, mesh):
+    """This device's equal part of x along dim (x whole: the blocks of its shard of K or N;
+    axis_index over several axes counts major first, as a PartitionSpec entry splits a dim)."""
+    count = x.shape[dim] // math.prod(mesh.shape[ax] for ax in axes)
+    return lax.dynamic_slice_in_dim(x, lax.axis_index(axes) * count, count, axis=dim)
+
+
+def _scaled_local(prim, params, axes, mesh):
+    st, present = params["st"], params["present"]
+    block, k_axes, n_axes = st[0] == "block", axes["k"], axes["n"]
+    int_out = np.dtype(st[4]) == np.int32
+
+    def lower_fn(*xs):
+        a, b, sa, sb, c, bias, scale = scaled_operands(xs, present)
+        if block and k_axes:
+            sa, sb = _own_blocks(sa, 2, k_axes, mesh), _own_blocks(sb, 1, k_axes, mesh)
+        if block and n_axes:
+            sb = _own_blocks(sb, 2, n_axes, mesh)
+        if not k_axes:
+            return prim.bind(*(x for x in (a, b, sa, sb, c, bias, scale) if x is not None),
+                             **params)
+        part_st = st[:3] + (None, np.dtype(np.int32 if int_out else np.float32), 1.0, 0.0)
+        acc = lax.psum(prim.bind(*(x for x in (a, b, sa, sb) if x is not None), st=part_st,
+                                 present=present[:2] + (False,) * 3), k_axes)
+        if int_out:
+            return acc
+        return _epilogue.apply(acc, c, bias, scale, alpha=st[5], beta=st[6],
+                               activation=st[3] or "none", out_dtype=st[4], aux=False)[0]
+    return lower_fn
+
+
+def scaled_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
+    params = dict(static)
+    shardings = _named(prim, arg_shapes, (result_shapes,))  # one result, not a list
+    st = params["st"]
+    a, b = arg_shapes[0].shape, arg_shapes[1].shape
+    k, n = a[2], b[1] if st[1] else b[2]
+    axes = _assign(mesh, factors.operands + factors.results, shardings, {})
+
+    def parts(f):
+        return math.prod(mesh.shape[ax] for ax in axes[f])
+    if k % (parts("k") * (128 if st[0] == "block" else 16)):
+        axes["k"] = ()
+    if st[0] == "block" and n % (parts("n") * 128):
+        axes["n"] = ()
+    arg_shardings = tuple(NamedSharding(mesh, _spec(f, axes)) for f in factors.operands)
+    out_sharding = NamedSharding(mesh, _spec(_RESULT, axes))
+    return mesh, _meshless(_scaled_local(prim, params, axes, mesh)), out_sharding, arg_shardings
+
+
+_PARTITIONS = {"tcgemm_ragged": ragged_partition, "tcgemm_scaled": scaled_partition}
