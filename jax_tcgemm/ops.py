@@ -245,17 +245,23 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
     from .scaled import scaled_matmul
     lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
     rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
-    batch = tuple(lhs.shape[d] for d in lb)
-    m, k = (math.prod(lhs.shape[d] for d in ds) for ds in (lf, lc))
-    n = math.prod(rhs.shape[d] for d in rf)
-    a = jnp.transpose(lhs, lb + lf + lc).reshape(batch + (m, k))
+    nb, nf, nc = len(lb), len(lf), len(lc)
+    x = jnp.transpose(lhs, lb + lf + lc)
+    # as in dot_general: lhs's free dims before its last explicitly sharded one (no batch dims
+    # only) form a batch that shares rhs, where explicit sharding rejects merging them into M
+    cut = 0 if nb else max((i for i, e in enumerate(_explicit_spec(x)[:nf]) if e is not None),
+                           default=0)
+    a = _collapse(x, (cut, nf - cut, nc) if cut else (nb, nf, nc))
+    a = a if nb or cut else a[0]
     kn = rb + rc + rf  # (batch, K, N) as stored: no copy; otherwise K-major, what wgmma reads
-    if kn == tuple(range(rhs.ndim)):
-        b, transpose_b = rhs.reshape(batch + (k, n)), False
-    else:
-        b, transpose_b = jnp.transpose(rhs, rb + rf + rc).reshape(batch + (n, k)), True
+    transpose_b = kn != tuple(range(rhs.ndim))
+    y = jnp.transpose(rhs, rb + rf + rc) if transpose_b else rhs
+    b = _collapse(y, (nb, len(rf), nc) if transpose_b else (nb, nc, len(rf)))
+    b = b if nb else b[0]
     out = scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=transpose_b)
-    return out.reshape(want.shape)
+    typed = _lax_typed(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+    return out.reshape(want.shape) if typed is None else lax.reshape(out, want.shape,
+                                                                      out_sharding=typed)
 
 
 def _int8_matmul(a, b, precision, out_dtype):

@@ -42,6 +42,7 @@ from jax.lax import dot_general as _lax_dot_general
 from . import _ffi, configs, epilogue, lowering, sharding
 from .ops import _as_array
 from .primitive import _fold, _jitted_impl, map_items
+from .problem import symbolic
 from .scaled_forms import (BLOCK, FLOAT_OUT, I32, _name, _scale, a_scale_form,  # noqa: F401
                            b_scale_form, check_forms, kind_of)
 
@@ -157,6 +158,18 @@ _product.defjvp(_product_jvp, symbolic_zeros=True)
 # (stride 0 in the kernel). st = (form, transpose_b, kind, activation, out_dtype, alpha, beta,
 # B, R, N); the result is (B, R, N).
 
+def _many(d):
+    """Whether a dim may hold more than one item (a symbolic one may: jax.export)."""
+    return symbolic(d) or d > 1
+
+
+def _rows_apart(x):
+    """Whether x's batch dims must stay apart from its rows (..., M, K): explicit sharding
+    rejects a reshape merging dims where any but the first of them is sharded (as ops.py's
+    products, such dims stay a batch)."""
+    return x.ndim > 2 and any(sharding.explicit_spec(jax.typeof(x))[1:-1])
+
+
 def _over_batch(batch, xs, fn):
     """fn(*items) for every item of the batch dims `batch`, stacked: xs are operands with those
     leading dims, each its own or 1 (None and scalars: shared by every item); one jax.vmap per
@@ -165,7 +178,7 @@ def _over_batch(batch, xs, fn):
     if not batch:
         return fn(*xs)
     lead = [x is not None and x.ndim > 0 for x in xs]
-    axes = [0 if has and x.shape[0] > 1 else None for x, has in zip(xs, lead)]
+    axes = [0 if has and _many(x.shape[0]) else None for x, has in zip(xs, lead)]
     items = [x[0] if has and ax is None else x for x, has, ax in zip(xs, lead, axes)]
     inner = functools.partial(_over_batch, batch[1:], fn=fn)
     out = (inner(items)[None] if all(ax is None for ax in axes)
@@ -297,7 +310,7 @@ def _batch_rule(st, v, batched, *xs):
     ba, bb, bsa, bsb, bc, bbias, bscale = batched
     shared = (not (bb or bsb or bbias or bscale) and b3.shape[0] == 1
               and (sb is None or sb.ndim == 0 or sb.shape[0] == 1)
-              and (bias is None or bias.shape[0] == 1))
+              and (bias is None or bias.shape[0] == 1) and not (ba and _rows_apart(a3)))
     if shared:  # one item of v * nb * r rows
         r2 = v * nb * r
 
@@ -361,8 +374,8 @@ def kernel_config(kind, r, n, k, form, batch=1):
     """(row, K slices) that run this product of `batch` items (configs.plan_byte; K a multiple
     of 16), or None where lax does (int8 with block scales, no extension, fp8 on a device other
     than compute capability 9.0, int8 on one below 8.0)."""
-    if (form == "block" and kind != "fp8") or not _ffi.available():
-        return None
+    if (form == "block" and kind != "fp8") or not _ffi.available() or symbolic(r, n, k, batch):
+        return None  # (symbolic dims, jax.export's shape polymorphism: planned by no one)
     return configs.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch)
 
 
@@ -471,14 +484,14 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
                                                             "scaled_matmul", desc)
     al, be, scale = epilogue.scale_operand(1.0, beta, "scaled_matmul")
 
-    if math.prod(b.shape[:-2]) > 1:  # a batch of b: the items (and their operands) one by one
+    if any(map(_many, b.shape[:-2])) or _rows_apart(a):  # the items (and operands) one by one
         def lead(x, tail):  # x with the result's nbat batch dims (1 where x has none)
             return x.reshape((1,) * (nbat + tail - x.ndim) + x.shape)
         peeled = [lead(a, 2), lead(b, 2)]
         scales = [(x, f) for x, f in ((a_scale, fa), (b_scale, fb)) if f not in (None, "tensor")]
         peeled += [lead(x, 1 if f in ("row", "column") else 2) for x, f in scales]
         if c3 is not None:
-            peeled.append(c3.reshape((batch if c3.shape[0] > 1 else (1,) * nbat) + c3.shape[1:]))
+            peeled.append(c3.reshape((batch if _many(c3.shape[0]) else (1,) * nbat) + c3.shape[1:]))
 
         def item(x, y, *rest):
             it = iter(rest)
@@ -506,7 +519,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, bias=None, 
     elif fb == "block":  # K-major grid (Kb, Nb): tiny
         grid = b_scale.reshape(b_scale.shape[-2:])
         sb = (grid.T if transpose_b else grid)[None]
-    if c3 is not None and (c3.shape[0] != 1 or (bsz > 1 and c3.shape[1] != 1)):
+    if c3 is not None and (c3.shape[0] != 1 or (_many(bsz) and c3.shape[1] != 1)):
         c3 = jnp.broadcast_to(c3, (bsz, m, c3.shape[2])).reshape(1, r, c3.shape[2])
     if out_dtype == I32:
         scale = None

@@ -201,6 +201,16 @@ def _sym_cases():
         "ragged_dot": (lambda x, w, gs: tg.ragged_dot_general(x, w, gs, rdn,
                                                               preferred_element_type=F32),
                        (S((m, 24), BF16), S((4, 24, 9), BF16), S((4,), np.int32)), ragged64),
+        # the 8-bit call: a symbolic batch of b (one product per item), K = 40 (padded to 48
+        # where a kernel runs)
+        "int8_dot_general_batch": (
+            lambda x, w: tg.dot_general(x, w, (((2,), (1,)), ((0,), (0,))),
+                                        preferred_element_type=np.int32),
+            (S((b, m, 40), np.int8), S((b, 40, 9), np.int8)), lambda x, w: f64(x) @ f64(w)),
+        "scaled_matmul_batch": (
+            lambda x, w: tg.scaled_matmul(x, w, 0.5, 2.0, out_dtype=F32),
+            (S((b, m, 40), jnp.float8_e4m3fn), S((b, 40, 9), jnp.float8_e4m3fn)),
+            lambda x, w: f64(x) @ f64(w)),
     }
 
 
@@ -216,7 +226,8 @@ def _sym_args(specs, sizes, tag):
     return out
 
 
-@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot"])
+@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot",
+                                  "int8_dot_general_batch", "scaled_matmul_batch"])
 def test_symbolic_export_for_cpu_runs_at_any_size(name):
     """Exported once with symbolic b and m, called at two sizes each: the values of jit at those
     sizes, and the float64 reference within bounds; so is the gradient (matmul, gemm)."""
@@ -254,7 +265,8 @@ def test_symbolic_export_for_cuda_lowers_through_lax(cuda_lowering, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot"])
+@pytest.mark.parametrize("name", ["matmul", "gemm_epilogue", "dot_general_batch", "ragged_dot",
+                                  "int8_dot_general_batch", "scaled_matmul_batch"])
 def test_symbolic_export_for_cuda_runs_on_gpu(name):
     """The symbolic export for CUDA, deserialized and called on the GPU at two sizes: within
     bounds of the float64 reference."""

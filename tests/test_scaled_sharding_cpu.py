@@ -9,7 +9,9 @@ custom_partitioning rule as on CUDA, so the compiled HLO shows what each device 
 * shards the kernels cannot take (K not in 16-element pieces, block-scaled N / K not in whole
   128-blocks) are gathered instead: correct either way.
 Values against the unsharded call (same path): bitwise where nothing is summed across devices,
-float32 summation order otherwise; int8 -> int32 exact.
+float32 summation order otherwise; int8 -> int32 exact. Inside `jax.set_mesh` with explicit axes
+(test_under_set_mesh), on the lax path too: results typed as lax types them, a sequence-sharded
+x kept apart from its batch.
 """
 import re
 from functools import partial
@@ -190,3 +192,42 @@ def test_grad_of_scales_k_sharded():
     for g, w in zip(grad(*args), grad(a, b, sa, sb, bias)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4,
                                    atol=1e-4 * float(np.abs(np.asarray(w)).max()))
+
+
+@pytest.mark.parametrize("path", ["lax", "kernel"])
+@pytest.mark.parametrize("case", ["S", "B", "F"])
+def test_under_set_mesh(kernel_path, monkeypatch, path, case):
+    """Inside `jax.set_mesh` with explicit axes (jax.make_mesh's default), x (B, S, D) sharded
+    over S (sequence), B (data) or the weight over F (columns): fp8 scaled_matmul with per-row
+    / per-column scales, int8 dot_general and matmul -> int32. A sequence-sharded x keeps B
+    apart (explicit sharding rejects merging B into sharded rows). Results typed as lax types
+    them, nothing gathered, values equal to the unsharded call's; on the lax path and on the
+    kernel path."""
+    if path == "lax":
+        monkeypatch.setattr(kernel_path, "kernel_config", lambda *a: None)
+    mesh = cpu_mesh((4,), ("d",))
+    rng = _rng("set-mesh", case)
+    x8 = jnp.asarray(rng.standard_normal((4, 32, 256)), E4M3)
+    w8 = jnp.asarray(rng.standard_normal((256, 128)), E4M3)
+    sx, sw = _scale(rng, (4, 32)), _scale(rng, (128,))
+    xi = jnp.asarray(rng.integers(-128, 128, (4, 32, 64)), I8)
+    wi = jnp.asarray(rng.integers(-128, 128, (64, 48)), I8)
+    xs = {"S": P(None, "d"), "B": P("d"), "F": P()}[case]
+    ws = P(None, "d") if case == "F" else P()
+    spec = {"S": P(None, "d", None), "B": P("d", None, None), "F": P(None, None, "d")}[case]
+    calls = [
+        (lambda x, w, s, t: tg.scaled_matmul(x, w, s, t, out_dtype=F32), (x8, w8, sx, sw),
+         (xs, ws, P(*tuple(xs)[:2]), P(*tuple(ws)[1:]))),
+        (lambda x, w: tg.dot_general(x, w, (((2,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.int32), (xi, wi), (xs, ws)),
+        (lambda x, w: tg.matmul(x, w, out_dtype=jnp.int32), (xi, wi), (xs, ws)),
+    ]
+    for fn, args, specs in calls:
+        want = jax.jit(fn)(*args)
+        with jax.set_mesh(mesh):
+            placed = [jax.device_put(v, s) for v, s in zip(args, specs)]
+            got = jax.jit(fn)(*placed)
+            text = jax.jit(fn).lower(*placed).compile().as_text()
+        assert tuple(got.sharding.spec) == tuple(spec), (got.sharding.spec, spec)
+        assert "all-gather" not in text and "all-reduce" not in text
+        _same(got, want)
