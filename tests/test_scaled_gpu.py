@@ -218,6 +218,31 @@ def test_int8_exact(shape, transpose_b):
     np.testing.assert_array_equal(out, want.astype(np.int32))
 
 
+@pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
+@pytest.mark.parametrize("out_dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_scales_far_from_one(out_dtype, transpose_b):
+    """Per-row scales over 2^-70..2^30 and per-column ones over 2^-30..2^70 (their products
+    normal floats), no epilogue: the short store path, each value times the product of its
+    scales (the column scales read in pairs, one by one at odd N). int8 x int8 (exact int32
+    sums): every element within its output rounding of the float64 value, zeros exact."""
+    rng = np.random.default_rng(seed_of("far-scales", transpose_b, str(out_dtype)))
+    m, n, k = 300, 521, 256
+    a = quantised(rng, (m, k), I8)
+    b = quantised(rng, (n, k) if transpose_b else (k, n), I8)
+    sa = np.exp2(rng.uniform(-70, 30, m)).astype(np.float32)
+    sb = np.exp2(rng.uniform(-30, 70, n)).astype(np.float32)
+
+    def fn(a, b, sa, sb):
+        return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=transpose_b)
+    assert uses_kernel(fn, a, b, sa, sb)
+    out, same = run_poisoned(fn, jax.eval_shape(fn, a, b, sa, sb), a, b, sa, sb)
+    want = reference(a, b, sa, sb, None, None, 0.0, None, transpose_b)
+    tol = 3 * 2.0 ** -24 if out_dtype == F32 else 2.0 ** -8
+    bad = np.abs(f64(out) - want) > tol * np.abs(want)
+    assert same and not bad.any(), (same, int(bad.sum()), f64(out)[bad][:4], want[bad][:4])
+
+
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].name}x{p[1].name}")
 def test_k_not_a_multiple_of_16(pair):

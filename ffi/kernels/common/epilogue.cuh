@@ -115,6 +115,16 @@ __device__ __forceinline__ float epi_col_scale(const EpilogueParams& ep, int64_t
   return ep.col_scale && c < n ? __ldg(ep.col_scale + z * ep.col_scale_sb + c) : 1.0f;
 }
 
+// The column scales of columns c and c + 1 (c even; 1 past N): one 8-byte load where aligned.
+__device__ __forceinline__ float2 epi_col_scales2(const EpilogueParams& ep, int64_t n, int64_t z,
+                                                  int64_t c) {
+  if (!ep.col_scale) return make_float2(1.0f, 1.0f);
+  const float* at = ep.col_scale + z * ep.col_scale_sb + c;
+  if (c + 1 < n && (reinterpret_cast<uintptr_t>(at) & 7) == 0)
+    return __ldg(reinterpret_cast<const float2*>(at));
+  return make_float2(c < n ? __ldg(at) : 1.0f, c + 1 < n ? __ldg(at + 1) : 1.0f);
+}
+
 // x * a * b for a product's scales a (alpha times its row's) and b (its column's): their product
 // times x, or, where that product leaves float32's normal range (f16x3's powers of two of a row
 // and a column far apart: x * 2^113 * 2^-112 or x * 2^-97 * 2^-56), x times the one that keeps

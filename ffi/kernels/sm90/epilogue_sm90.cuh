@@ -53,10 +53,17 @@ __device__ __forceinline__ void int_pair(char* dst, int v0, int v1) {
 // are 16-byte multiples, else element by element along the rows (a warp writes 32 contiguous
 // elements). Nothing at or past row `row_end` or column N is written. `bar`: the warpgroup's
 // named barrier. Int32 sums go to an int32 C as they are (exact), to a float C as floats.
-template <typename Out, int BN, typename Acc>
+// SCALED: also the row and column scales of batch item z (an 8-bit product whose epilogue is no
+// more than alpha and those: W8A8, per-token / per-channel fp8), each value
+// acc * (scale * row's * column's): the scales' product first, as tg.scaled_matmul defines it
+// (scaled._impl), without scale_by's range-safe order (which epi_block keeps for f16x3's powers
+// of two) and its branches; the thread's two column scales of an 8-column group as one pair
+// (benchmarks/NOTES.md v68).
+template <typename Out, int BN, typename Acc, bool SCALED = false>
 __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const Acc (&acc)[BN / 2],
                                             float scale, int64_t row0, int64_t col0,
-                                            int64_t row_end, int t, char* epi, uint32_t bar) {
+                                            int64_t row_end, int t, char* epi, uint32_t bar,
+                                            int64_t z = 0) {
   constexpr int kCols = 256 / int(sizeof(Out));  // columns per panel
   constexpr int kVec = 16 / int(sizeof(Out));    // elements per 16-byte chunk
   static_assert(BN % kCols == 0, "whole panels");
@@ -64,22 +71,48 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
   const int r = warp * 16 + (lane >> 2);  // this thread's accumulator rows: r and r + 8
   const bool vec = (p.n * int64_t(sizeof(Out))) % 16 == 0 &&
                    (reinterpret_cast<uintptr_t>(c) & 15) == 0;
+  float ra[2] = {scale, scale};  // alpha times the scales of rows r and r + 8 (1 past the end)
+  if constexpr (SCALED) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t gr = row0 + r + 8 * e;
+      if (gr < row_end) ra[e] = scale * epi_row_scale(p.epi, p.m, z, gr);
+    }
+  }
 #pragma unroll
   for (int panel = 0; panel < BN / kCols; ++panel) {
+    constexpr int kGroups = kCols / 8;  // 8-column groups per panel
     ptx::named_barrier_sync(bar, 128);  // the previous panel (or tile) has been read out
+    // (each branch reads the panel's accumulators once, so that they die as they are staged)
+    if constexpr (std::is_same_v<Out, int32_t>) {
+      static_assert(std::is_same_v<Acc, int>, "int32 results hold exact int32 sums");
 #pragma unroll
-    for (int jj = 0; jj < kCols / 8; ++jj) {
-      const int j = panel * (kCols / 8) + jj;
-      const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-      if constexpr (std::is_same_v<Out, int32_t>) {
-        static_assert(std::is_same_v<Acc, int>, "int32 results hold exact int32 sums");
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const int j = panel * kGroups + jj, byte = (8 * jj + 2 * (lane & 3)) * 4;
         int_pair(epi + epi_offset<Out>(r, byte), acc[4 * j], acc[4 * j + 1]);
         int_pair(epi + epi_offset<Out>(r + 8, byte), acc[4 * j + 2], acc[4 * j + 3]);
-      } else {
+      }
+    } else if constexpr (!SCALED) {
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const int j = panel * kGroups + jj;
+        const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
         put_pair<Out>(epi + epi_offset<Out>(r, byte), scale * float(acc[4 * j]),
                       scale * float(acc[4 * j + 1]));
         put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), scale * float(acc[4 * j + 2]),
                       scale * float(acc[4 * j + 3]));
+      }
+    } else {  // acc * (alpha * row's * column's), the scales' product first (as scaled.py's)
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj) {
+        const int j = panel * kGroups + jj;
+        const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
+        const float2 cb =
+            epi_col_scales2(p.epi, p.n, z, col0 + panel * kCols + 8 * jj + 2 * (lane & 3));
+        put_pair<Out>(epi + epi_offset<Out>(r, byte), float(acc[4 * j]) * (ra[0] * cb.x),
+                      float(acc[4 * j + 1]) * (ra[0] * cb.y));
+        put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), float(acc[4 * j + 2]) * (ra[1] * cb.x),
+                      float(acc[4 * j + 3]) * (ra[1] * cb.y));
       }
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete

@@ -281,7 +281,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // have a full epilogue is the same (jax_tcgemm/problem.py, fused_epilogue).
   const bool simple = !p.epi.c && !p.epi.bias && !p.epi.aux && !p.epi.row_scale &&
                       !p.epi.col_scale && p.epi.act == Activation::kNone;
-  const float alpha = simple ? epi_scale(p).alpha : 1.0f;
+  // 8-bit products with alpha and row / column scales only (W8A8, per-token / per-channel fp8)
+  // take the short path too, the scales applied as it converts: their kernels' one short path
+  // is store_block's SCALED form (without scales it computes alpha * acc, as the plain form;
+  // a second form beside it put the 256x128 int8 kernel's accumulators on the stack)
+  constexpr bool kScaledShort = Ops::kBytes == 1;
+  const bool scaled_short = kScaledShort && !p.epi.c && !p.epi.bias && !p.epi.aux &&
+                            p.epi.act == Activation::kNone;
+  const float alpha = simple || scaled_short ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
   Sm90Work wk;
   // block scales: fp8 only (the FFI passes none with other operands). Staged: read from the
@@ -539,11 +546,12 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         if constexpr (Ops::kInt)
           store_block<int32_t, Tr::kBN>(p, static_cast<int32_t*>(p.d) + wk.d_item(p), acc[mb],
                                         1.0f, row0, wk.n0, wk.row_end, t, epi, 1 + cw);
-      } else if (simple) {  // no more than alpha: convert before staging (half the panels)
+      } else if (simple || scaled_short) {  // convert before staging (half the panels)
         with_dtype(p.d_type, [&](auto out) {
           using Out = decltype(out);
-          store_block<Out, Tr::kBN>(p, static_cast<Out*>(p.d) + wk.d_item(p), acc[mb], alpha, row0,
-                                    wk.n0, wk.row_end, t, epi, 1 + cw);
+          store_block<Out, Tr::kBN, Acc, kScaledShort>(p, static_cast<Out*>(p.d) + wk.d_item(p),
+                                                       acc[mb], alpha, row0, wk.n0, wk.row_end,
+                                                       t, epi, 1 + cw, wk.z);
         });
       } else {
         with_dtype(p.d_type, [&](auto out) {
