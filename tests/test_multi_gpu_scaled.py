@@ -10,19 +10,11 @@ import jax
 import numpy as np
 import pytest
 
+import test_multi_gpu
 from test_scaled_sharding_cpu import _check_hlo, _run, check_values, local_shape
 
-
-def _gpus():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:  # no GPU backend at all
-        return []
-
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(len(_gpus()) < 2,
-                                 reason=f"needs 2 GPUs; {len(_gpus())} visible")]
+_gpus = test_multi_gpu._gpus
+pytestmark = test_multi_gpu.pytestmark  # gpu; skipped without 2 GPUs
 
 
 @pytest.mark.parametrize("tb", [False, True], ids=["KN", "NK"])
