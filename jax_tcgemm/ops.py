@@ -75,20 +75,28 @@ def _collapse(x, counts):
         jax.typeof(x).sharding.mesh, jax.sharding.PartitionSpec(*out)))
 
 
-def _lax_typed(lhs, rhs, dimension_numbers, precision, preferred_element_type):
-    """lax.dot_general's result sharding where an operand has explicit mesh axes (else None):
-    the split of our (batch, M, N) result into the dot's dims takes it, where a plain reshape
-    of a sharded M or N into several dims is rejected by explicit sharding."""
-    if not any(_explicit_spec(lhs) + _explicit_spec(rhs)):
-        return None
-    try:
-        return jax.eval_shape(
-            lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
-                                          preferred_element_type=preferred_element_type),
-            *(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=jax.typeof(v).sharding)
-              for v in (lhs, rhs))).sharding
-    except Exception:  # noqa: BLE001 (lax asks for an out_sharding: K sharded on both sides)
-        return None
+def _lax_shaped(out, shape, lhs, rhs, dimension_numbers, precision, preferred_element_type):
+    """out (batch, M, N) reshaped to lax.dot_general's result `shape`, typed with lax's result
+    sharding where an operand has explicit mesh axes: a plain reshape of a sharded M or N into
+    several dims is rejected by explicit sharding."""
+    typed = None
+    if any(_explicit_spec(lhs) + _explicit_spec(rhs)):
+        try:
+            typed = jax.eval_shape(
+                lambda x, y: _lax_dot_general(x, y, dimension_numbers, precision=precision,
+                                              preferred_element_type=preferred_element_type),
+                *(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=jax.typeof(v).sharding)
+                  for v in (lhs, rhs))).sharding
+        except Exception:  # noqa: BLE001 (lax asks for an out_sharding: K sharded on both sides)
+            pass
+    return out.reshape(shape) if typed is None else lax.reshape(out, shape, out_sharding=typed)
+
+
+def _free_cut(x, nf):
+    """How many of x's leading nf free dims (x without batch dims) form a batch that shares
+    the other operand: those before its last explicitly sharded free dim (0 where none is),
+    since explicit sharding rejects merging them all into M."""
+    return max((i for i, e in enumerate(_explicit_spec(x)[:nf]) if e is not None), default=0)
 
 
 def _kernel_dtype(a, b, allowed=OPERAND_DTYPES) -> bool:
@@ -247,10 +255,7 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
     rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
     nb, nf, nc = len(lb), len(lf), len(lc)
     x = jnp.transpose(lhs, lb + lf + lc)
-    # as in dot_general: lhs's free dims before its last explicitly sharded one (no batch dims
-    # only) form a batch that shares rhs, where explicit sharding rejects merging them into M
-    cut = 0 if nb else max((i for i, e in enumerate(_explicit_spec(x)[:nf]) if e is not None),
-                           default=0)
+    cut = 0 if nb else _free_cut(x, nf)  # as in dot_general
     a = _collapse(x, (cut, nf - cut, nc) if cut else (nb, nf, nc))
     a = a if nb or cut else a[0]
     kn = rb + rc + rf  # (batch, K, N) as stored: no copy; otherwise K-major, what wgmma reads
@@ -259,9 +264,8 @@ def _int8_product(lhs, rhs, dimension_numbers, precision, preferred_element_type
     b = _collapse(y, (nb, len(rf), nc) if transpose_b else (nb, nc, len(rf)))
     b = b if nb else b[0]
     out = scaled_matmul(a, b, None, None, out_dtype=jnp.int32, transpose_b=transpose_b)
-    typed = _lax_typed(lhs, rhs, dimension_numbers, precision, preferred_element_type)
-    return out.reshape(want.shape) if typed is None else lax.reshape(out, want.shape,
-                                                                      out_sharding=typed)
+    return _lax_shaped(out, want.shape, lhs, rhs, dimension_numbers, precision,
+                       preferred_element_type)
 
 
 def _int8_matmul(a, b, precision, out_dtype):
@@ -348,17 +352,14 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     r_free = rhs.shape[nb:nb + len(rf)] if tb else rhs.shape[nb + nc:]
     # lhs's free dims after its last explicitly sharded one form M, those before it a batch
     # that shares rhs (no batch dims only; explicit sharding rejects merging them all)
-    cut = 0 if nb or ta else max((i for i, e in enumerate(_explicit_spec(lhs)[:len(lf)])
-                                  if e is not None), default=0)
     nf = len(lf)
+    cut = 0 if nb or ta else _free_cut(lhs, nf)
     a3 = _collapse(lhs, (nb, nc, nf) if ta else (cut, nf - cut, nc) if cut else (nb, nf, nc))
     b3 = _collapse(rhs, (0 if cut else nb,) + ((len(rf), nc) if tb else (nc, len(rf))))
     out = tcgemm(a3, b3, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
                  precision=precision)
-    out_shape = batch + l_free + r_free
-    typed = _lax_typed(lhs0, rhs0, dimension_numbers, precision, preferred_element_type)
-    out = out.reshape(out_shape) if typed is None else lax.reshape(out, out_shape,
-                                                                    out_sharding=typed)
+    out = _lax_shaped(out, batch + l_free + r_free, lhs0, rhs0, dimension_numbers, precision,
+                      preferred_element_type)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out

@@ -253,28 +253,21 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
 tcgemm_scaled_p = Primitive("tcgemm_scaled")
 
 
-def _full(xs, present, st):
-    """The 7 operands of a call on xs (arrays or avals; None where absent) and its whole st."""
-    ops = sharding.scaled_operands(xs, present)
-    n = ops[1].shape[1] if st[1] else ops[1].shape[2]
-    return ops, tuple(st) + (max(x.shape[0] for x in xs if x.ndim >= 2), ops[0].shape[1], n)
-
-
 def _abstract(*xs, st, present):
-    ops, full = _full(xs, present, st)
-    return jax.core.ShapedArray(full[7:], np.dtype(st[4]),
-                                **sharding.result_sharding(ops[0], ops[1], False, st[1]))
+    nb, r, n, _ = sharding.scaled_dims([x.shape for x in xs], st[1])
+    return jax.core.ShapedArray((nb, r, n), np.dtype(st[4]),
+                                **sharding.result_sharding(xs[0], xs[1], False, st[1]))
 
 
 def _lowering(kernels):
     """The lowering: the kernels (if `kernels`, where one runs these shapes) or _reference."""
     def rule(ctx, *xs, st, present):
-        ops, full = _full(ctx.avals_in, present, st)
-        nb, r, n = full[7:]
-        plan = kernel_config(st[2], r, n, ops[0].shape[2], st[0], nb) if kernels else None
+        nb, r, n, k = sharding.scaled_dims([x.shape for x in ctx.avals_in], st[1])
+        full = tuple(st) + (nb, r, n)
+        plan = kernel_config(st[2], r, n, k, st[0], nb) if kernels else None
         fn = (functools.partial(_reference, st=full) if plan is None
               else functools.partial(_kernel, st=full, plan=plan))
-        return mlir.lower_fun(lambda *ys: fn(*_full(ys, present, st)[0]),
+        return mlir.lower_fun(lambda *ys: fn(*sharding.scaled_operands(ys, present)),
                               multiple_results=False)(ctx, *xs)
     return rule
 

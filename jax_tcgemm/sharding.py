@@ -435,11 +435,18 @@ def scaled_operands(xs, present):
     return list(xs[:2]) + [next(it) if p else None for p in present]
 
 
+def scaled_dims(shapes, transpose_b):
+    """(batch, M, N, K) of a call on operands of these shapes: the batch is the largest leading
+    dim of the operands that have one (a, b, row / column / block scales, c, bias)."""
+    a, b = shapes[:2]
+    return (max(s[0] for s in shapes if len(s) >= 2), a[1], b[1] if transpose_b else b[2], a[2])
+
+
 def scaled_rule(shapes, params):
     """tcgemm_scaled_p's factors (above); a size-1 batch has its own factor, as in gemm_rule."""
     tb = params["st"][1]
     a, b, sa, sb, c, bias, scale = scaled_operands(shapes, params["present"])
-    bt, n = max(s[0] for s in shapes if len(s) >= 2), b[1] if tb else b[2]
+    bt, m, n, _ = scaled_dims(shapes, tb)
 
     def lead(s, own):
         return "b" if s[0] == bt else own
@@ -451,7 +458,7 @@ def scaled_rule(shapes, params):
                    (lead(sb, "yb"), "kb", "nb"))
     if c is not None:
         ops.append(tuple(f if size == full else "c" + f
-                         for f, size, full in zip(_RESULT, c, (bt, a[1], n))))
+                         for f, size, full in zip(_RESULT, c, (bt, m, n))))
     if bias is not None:
         ops.append((lead(bias, "zb"), "n"))
     if scale is not None:
@@ -495,8 +502,7 @@ def scaled_partition(prim, static, factors, mesh, arg_shapes, result_shapes):
     params = dict(static)
     shardings = _named(prim, arg_shapes, (result_shapes,))  # one result, not a list
     st = params["st"]
-    a, b = arg_shapes[0].shape, arg_shapes[1].shape
-    k, n = a[2], b[1] if st[1] else b[2]
+    _, _, n, k = scaled_dims([x.shape for x in arg_shapes], st[1])
     axes = _assign(mesh, factors.operands + factors.results, shardings, {})
 
     def parts(f):

@@ -65,7 +65,7 @@ def test_dense_general_dot_general_under_set_mesh(form):
     """Attention's projections (flax DenseGeneral): x (B@d, S, D) @ kernel (D, H, Dh) and
     x (B@d, S, H, Dh) @ kernel (H, Dh, D), inside `jax.set_mesh`. Our (batch, M, N) result is
     split into several dims, and operands merged from several: reshapes that explicit
-    sharding rejects without an out_sharding (ops._collapse, ops._lax_typed). Values and
+    sharding rejects without an out_sharding (ops._collapse, ops._lax_shaped). Values and
     gradients equal lax's on one device; types equal lax's; nothing gathered."""
     mesh = cpu_mesh((4,), ("d",))
     shapes, dn = {"heads_out": (((8, 16, 32), (32, 4, 8)), (((2,), (0,)), ((), ()))),
