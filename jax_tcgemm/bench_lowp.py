@@ -164,7 +164,7 @@ def config_of(case: LowpCase) -> str:
         from jax_tcgemm import scaled
         kind = "int8" if case.kind in ("int8", "w8a8") else "fp8"
         form = "block" if case.kind == "fp8_block" else "outer"
-        plan = scaled.kernel_config(kind, case.m, case.n, case.k, form)
+        plan = scaled.kernel_config(kind, case.m, case.n, case.k, form, 1, case.layout == "NT")
         return "lax" if plan is None else plan[0] + (f" split {plan[1]}" if plan[1] > 1 else "")
     except Exception:  # noqa: BLE001
         return "n/a"

@@ -19,7 +19,8 @@ class Config:
     fields of ffi/host/gemm_config.inc and what C++ derives from them (name, threads, shared
     memory, sm80 fallback). Nothing here re-derives a C++ rule."""
     name: str
-    kind: str  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0)
+    kind: str  # "sm80": cp.async + mma.sync; "sm90": TMA + wgmma (compute capability 9.0);
+    # "narrow": 8-bit products of at most bm rows, mma.sync from registers (plan_byte)
     bm: int
     bn: int
     bk: int
@@ -57,8 +58,8 @@ def _module():
 CONFIGS: tuple[Config, ...] = (tuple(Config(**r) for r in _module().config_table())
                                if _module() is not None else ())
 BY_NAME: dict[str, Config] = {c.name: c for c in CONFIGS}
-# The rows with kernels for 16-bit operands: every row but the fp8-only ones (Has16BitKernels).
-CONFIGS16: tuple[Config, ...] = tuple(c for c in CONFIGS if not c.fp8_only)
+# The rows with kernels for 16-bit operands: all but the fp8-only and narrow ones (Has16BitKernels).
+CONFIGS16: tuple[Config, ...] = tuple(c for c in CONFIGS if not c.fp8_only and c.kind != "narrow")
 MAX_SPLIT_K = _module().max_split_k() if _module() is not None else 64
 MAX_CLUSTER_SPLIT = _module().max_cluster_split() if _module() is not None else 8
 
@@ -547,8 +548,30 @@ def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
                  if s == 1 or (tiles * s <= 2 * _SMS and k // s >= BYTE_MIN_SLICE_K))
 
 
+# 8-bit products of at most NARROW_MAX_M rows with b stored (K, N) (x @ W; N a multiple of 8)
+# run on the narrow rows (int8 from 8.0, fp8 on 9.0): b read once as stored, where the other
+# rows first copy it K-major (1.0-2.0x faster at M = 1-32 on the H200; with b (N, K) those rows
+# stay ahead: NOTES v69). K slices: the most (powers of two) that keep the blocks within
+# NARROW_BLOCKS and give every warp of a block a k tile of its slice.
+NARROW_MAX_M = 32
+NARROW_BLOCKS = 2 * _SMS
+
+
+def _plan_narrow(m, n, k, kind, cc, batch, transpose_b):
+    if cc is None or cc < (8, 0) or (kind == "fp8" and cc != (9, 0)) or transpose_b or n % 8:
+        return None
+    c = min((c for c in CONFIGS if c.kind == "narrow" and c.bm >= m), key=lambda c: c.bm,
+            default=None)
+    if c is None:
+        return None
+    blocks, k_tiles, s = -(-n // c.bn) * batch, -(-k // 128), 1
+    while 2 * s <= MAX_SPLIT_K and 2 * s * blocks <= NARROW_BLOCKS and k_tiles >= 2 * s * c.warps_k:
+        s *= 2
+    return c.name, s
+
+
 def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device",
-              block_scales: bool = False, batch: int = 1):
+              block_scales: bool = False, batch: int = 1, transpose_b: bool = True):
     """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
     int8 dot_general, K-major operands), or None where no 8-bit kernel runs (K not a multiple
     of 16; fp8 off compute capability 9.0, int8 below 8.0; an empty product). Among the rows
@@ -556,11 +579,15 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     on 9.0 the sm90 rows (fp8: the fp8-only row on large squares, where its third warpgroup
     hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41; `block_scales`:
     rows that stage them where they win: v43); int8 elsewhere, and on 9.0 up to
-    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32). `batch`: items of M x N each."""
+    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to NARROW_MAX_M rows the
+    narrow rows. `batch`: items of M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
     if min(m, n, k, batch) <= 0:
         return None
     if arch == "device":
         arch = device_arch()
+    if m <= NARROW_MAX_M and k % 16 == 0 and (narrow := _plan_narrow(
+            m, n, k, kind, None if arch is None else tuple(arch[:2]), batch, transpose_b)):
+        return narrow
     sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
     return _plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
                       lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,

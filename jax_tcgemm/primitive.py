@@ -114,8 +114,9 @@ def _abstract_eval(*args, transpose_a, transpose_b, out_dtype, alpha, beta, acti
         config, split = plan
         if config not in configs.BY_NAME:
             raise ValueError(f"tcgemm: unknown config {config!r}; known: {sorted(configs.BY_NAME)}")
-        if configs.BY_NAME[config].fp8_only:
-            raise ValueError(f"tcgemm: config {config} has kernels for fp8 operands only: {desc}")
+        if configs.BY_NAME[config] not in configs.CONFIGS16:
+            only = "8-bit" if configs.BY_NAME[config].kind == "narrow" else "fp8"
+            raise ValueError(f"tcgemm: config {config} has kernels for {only} operands only: {desc}")
         if not 1 <= split <= configs.MAX_SPLIT_K:
             raise ValueError(f"tcgemm: split_k must be in [1, {configs.MAX_SPLIT_K}]; got {split}")
     out = jax.core.ShapedArray((bt, m, n), np.dtype(out_dtype),

@@ -206,7 +206,8 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
     k = a3.shape[2]
     # wgmma reads 8-bit operands K-major only: a (K, N) b is copied K-major inside the call
-    # (pack=1: ffi/host PlanWorkspace / LaunchTransposeBytes), not by an XLA transpose
+    # (pack=1: ffi/host PlanWorkspace / LaunchTransposeBytes), not by an XLA transpose (the
+    # narrow rows read it as stored)
     int_out = out_dtype == I32
     args = [a3, b3] + [x for x in (c3, bias) if x is not None]
     block = form == "block"
@@ -264,7 +265,7 @@ def _lowering(kernels):
     def rule(ctx, *xs, st, present):
         nb, r, n, k = sharding.scaled_dims([x.shape for x in ctx.avals_in], st[1])
         full = tuple(st) + (nb, r, n)
-        plan = kernel_config(st[2], r, n, k, st[0], nb) if kernels else None
+        plan = kernel_config(st[2], r, n, k, st[0], nb, st[1]) if kernels else None
         fn = (functools.partial(_reference, st=full) if plan is None
               else functools.partial(_kernel, st=full, plan=plan))
         return mlir.lower_fun(lambda *ys: fn(*sharding.scaled_operands(ys, present)),
@@ -332,7 +333,7 @@ def _batch_rule(st, v, batched, *xs):
 def _rerun(st, xs):
     """_call for the batched problem st, planned anew for its shape."""
     form, kind, nb, r, n, k = st[0], st[2], st[7], st[8], st[9], xs[0].shape[2]
-    plan = kernel_config(kind, r, n, k, form, nb)
+    plan = kernel_config(kind, r, n, k, form, nb, st[1])
     return _reference(*xs, st) if plan is None else _call(st)(*xs)
 
 
@@ -363,13 +364,14 @@ def _fused_jvp(st, primals, tangents):
 _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
-def kernel_config(kind, r, n, k, form, batch=1):
+def kernel_config(kind, r, n, k, form, batch=1, transpose_b=True):
     """(row, K slices) that run this product of `batch` items (configs.plan_byte; K a multiple
     of 16), or None where lax does (int8 with block scales, no extension, fp8 on a device other
     than compute capability 9.0, int8 on one below 8.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available() or symbolic(r, n, k, batch):
         return None  # (symbolic dims, jax.export's shape polymorphism: planned by no one)
-    return configs.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch)
+    return configs.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch,
+                             transpose_b=transpose_b)
 
 
 def _padded_plan(a2, b, kind, n, form, transpose_b):
@@ -379,7 +381,7 @@ def _padded_plan(a2, b, kind, n, form, transpose_b):
     XLA's own int8 GEMM gave twice the product for some such K on the H200 (K = 33-35, 63; jax
     0.11.2; benchmarks/NOTES.md v62): lax is left only where no kernel runs."""
     r, k = a2.shape
-    plan = kernel_config(kind, r, n, -(-k // 16) * 16, form)
+    plan = kernel_config(kind, r, n, -(-k // 16) * 16, form, 1, transpose_b)
     return (*(_pad_k(a2, b, transpose_b) if plan is not None else (a2, b)), plan)
 
 

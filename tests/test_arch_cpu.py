@@ -40,8 +40,9 @@ def test_config_names_procedural_and_unique():
     names = [c.name for c in configs.CONFIGS]
     assert len(set(names)) == len(names)
     kinds = [c.kind for c in configs.CONFIGS]
-    assert set(kinds) <= {"sm80", "sm90"} and kinds[0] == "sm80"
-    assert kinds == sorted(kinds)  # sm90 rows come last in the table (= C++ index order)
+    order = {"sm80": 0, "sm90": 1, "narrow": 2}  # the table's (= C++ index) order of kinds
+    assert set(kinds) <= set(order) and kinds[0] == "sm80"
+    assert kinds == sorted(kinds, key=order.get)
     for c in configs.CONFIGS:
         assert configs.BY_NAME[c.name] is c and c.bk % 16 == 0
         if c.kind == "sm80":
@@ -53,6 +54,11 @@ def test_config_names_procedural_and_unique():
             # sliced K: each k group's share of a stage is whole 64-wide chunk groups
             assert c.warps_k == 1 or (c.bk // 16) % (4 * c.warps_k) == 0
             assert c.smem_bytes > 0 and c.fallback == c.name
+        elif c.kind == "narrow":  # 8-bit products of at most bm rows, on every GPU (no fallback)
+            assert c.name == f"narrow_{c.bm}x{c.bn}x{c.bk}_w{c.warps_n}x{c.warps_k}"
+            assert c.threads == 32 * c.warps_n * c.warps_k and c.smem_bytes == 0
+            assert c.int8 and c.fp8 and not (c.f32 or c.ragged or c.element_loads)
+            assert c.fallback == c.name and c not in configs.CONFIGS16 and c.bm % 16 == 0
         else:
             assert c.warps_k == 1 and c.smem_bytes == 0
             assert configs.BY_NAME[c.fallback].kind == "sm80"
@@ -232,7 +238,7 @@ def test_sm90_rows():
         assert f.kind == "sm80" and f.bk == c.bk and f.name == c.fallback
         assert f is next(x for x in configs.CONFIGS if x.kind == "sm80" and x.bk == c.bk)
     for c in configs.CONFIGS:
-        if c.kind == "sm80":
+        if c.kind != "sm90":
             assert configs.sm80_fallback(c) is c
     assert {c.name for c in SM90} >= {"sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2"}
 
@@ -373,7 +379,8 @@ def test_device_arch():
         assert arch is None or (isinstance(arch, tuple) and all(isinstance(x, int) for x in arch))
     assert configs.configs_for(None) == configs.configs_for((8, 0)) == tuple(
         c for c in configs.CONFIGS if c.kind == "sm80")
-    assert configs.configs_for((9, 0)) == tuple(c for c in configs.CONFIGS if not c.fp8_only)
+    assert configs.configs_for((9, 0)) == tuple(c for c in configs.CONFIGS
+                                                if not c.fp8_only and c.kind != "narrow")
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 64])

@@ -12,6 +12,9 @@ import jax_tcgemm as tg
 from jax_tcgemm.primitive import tcgemm, tcgemm_p
 
 from test_cpu import BF16, CFG0, DG_NN, F16, F32, FP8_ONLY, S, h, needs_module
+from jax_tcgemm import configs
+
+NARROW = next((c.name for c in configs.CONFIGS if c.kind == "narrow"), None)  # 8-bit only
 
 
 def bind(a, b, *extra, ta=False, tb=False, out_dtype=F16, plan=None, **epilogue):
@@ -74,6 +77,9 @@ ERROR_CASES = [  # (id, thunk, exception type, regex the message must match)
     *([("tcgemm_fp8_only_config", lambda: tcgemm(h(1, 4, 8), h(1, 8, 3), config=FP8_ONLY),
         ValueError, rf"config {FP8_ONLY} has kernels for fp8 operands only.*a\(1, 4, 8\) float16")]
       if FP8_ONLY else []),
+    *([("tcgemm_narrow_config", lambda: tcgemm(h(1, 4, 8), h(1, 8, 3), config=NARROW),
+        ValueError, rf"config {NARROW} has kernels for 8-bit operands only.*a\(1, 4, 8\) float16")]
+      if NARROW else []),
     # the epilogue operands (tg.gemm's own checks: test_epilogue_cpu.py)
     ("bind_c_not_broadcastable", lambda: bind(h(2, 4, 8), h(1, 8, 3), h(2, 4, 2, dt=F32),
                                               has_c=True), ValueError,

@@ -258,12 +258,12 @@ def test_lowering_one_call(monkeypatch):
     text = cuda_text(f, a, b, sa, sb)
     (call,) = custom_calls(text)
     assert "stablehlo.while" not in text and _batch_of(call, -1) == 5 and _batch_of(call, 1) == 5
-    assert asked[-1] == ("fp8", 24, 256, 256, "outer", 5)
+    assert asked[-1] == ("fp8", 24, 256, 256, "outer", 5, False)
     # vmap over a with b shared: the items' rows join (one item of 5 x 24 rows)
     text = cuda_text(jax.vmap(f, in_axes=(0, None, 0, None)), a, b[0], sa, sb[0])
     (call,) = custom_calls(text)
     assert "stablehlo.while" not in text and "tensor<1x120x256xf8E4M3FN>" in call["line"]
-    assert asked[-1] == ("fp8", 120, 256, 256, "outer", 1)
+    assert asked[-1] == ("fp8", 120, 256, 256, "outer", 1, False)
     # nested vmaps (a outer, b inner): one call of 5 x 5 items
     g = jax.vmap(jax.vmap(f, in_axes=(None, 0, None, 0)), in_axes=(0, None, 0, None))
     text = cuda_text(g, a, b, sa, sb)

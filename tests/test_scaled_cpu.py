@@ -600,11 +600,11 @@ def test_plan_byte():
     # decode-sized M: 32 column tiles of 128 leave SMs idle, so K is split (byte_splits); the
     # slices stay within twice the SMs and at least BYTE_MIN_SLICE_K of K each
     for kind in ("int8", "fp8"):
-        name, split = configs.plan_byte(32, 4096, 4096, kind, arch=(9, 0))
-        tiles = configs.BY_NAME[name].tiles(32, 4096)
+        name, split = configs.plan_byte(48, 4096, 4096, kind, arch=(9, 0))
+        tiles = configs.BY_NAME[name].tiles(48, 4096)
         assert split > 1 and tiles * split <= 2 * 132 and 4096 // split >= configs.BYTE_MIN_SLICE_K
         assert split in configs.byte_splits(tiles, 4096)
     for c in configs.CONFIGS:  # C++'s HasByteKernels, as the table reports it
         coop = c.kind == "sm90" and not c.pingpong
-        assert c.int8 == (c.kind == "sm80" or (coop and not c.fp8_only)), c.name
-        assert c.fp8 == (coop and c.bm == 64 * c.consumers), c.name
+        assert c.int8 == (c.kind in ("sm80", "narrow") or (coop and not c.fp8_only)), c.name
+        assert c.fp8 == (c.kind == "narrow" or (coop and c.bm == 64 * c.consumers)), c.name

@@ -348,7 +348,8 @@ def test_block_scales(pair):
     assert not fails, "\n".join(fails)
 
 
-FP8_ROWS = tuple(c.name for c in configs.CONFIGS if c.fp8)
+FP8_ROWS = tuple(c.name for c in configs.CONFIGS if c.fp8 and c.kind == "sm90")  # (narrow:
+# test_narrow_gpu)
 
 
 @pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
@@ -384,6 +385,61 @@ def test_every_fp8_row(row, monkeypatch):
 INT8_SM80_ROWS = tuple(c.name for c in configs.CONFIGS if c.int8 and c.kind == "sm80")
 
 
+def check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms, epi,
+                 pair=(I8, I8), block=False):
+    """One product forced onto (row, split) (scaled.kernel_config), shape (*batch, M, N, K), b
+    (N, K) if tb else (K, N), against float64 (int32: bit-exact), run twice into poisoned
+    outputs; each miss appended to `fails`. forms: a's and b's scale forms (scales()), or
+    `block`: fp8 block scales; epi: (C form None / "bias" / "full" / "col", activation, beta)."""
+    from jax_tcgemm import scaled
+    *batch, m, n, k = shape
+    monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
+    rng = np.random.default_rng(seed_of("forced", row, split, shape, tb, pair[0].name,
+                                        pair[1].name, out_dtype.name, forms, epi, block))
+    int8 = pair[0] == I8
+    a = quantised(rng, (*batch, m, k), pair[0])
+    b = quantised(rng, (n, k) if tb else (k, n), pair[1])
+    rows = int(np.prod(batch, dtype=int)) * m
+    if block:
+        sa, sb = block_scales(rng, rows, n, k, tb)
+    else:
+        sa, sb = scales(rng, forms[0], rows), scales(rng, forms[1], n)
+    if int8 and out_dtype != I32:  # sums of order 1 (finite in float16)
+        if sa is None:
+            a, b = a // 16, b // 16
+        else:
+            sa = (sa * np.float32(1 / 4096)).astype(np.float32)
+    cform, act, beta = epi
+    c = {None: None, "bias": None, "full": rng.standard_normal((*batch, m, n)),
+         "col": rng.standard_normal((n,))}[cform]
+    c = None if c is None else c.astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if cform == "bias" else None
+    what = (f"{row} split {split} {pair[0].name}x{pair[1].name} {tuple(shape)} transpose_b={tb} "
+            f"-> {out_dtype.name} scales {'block' if block else forms} epilogue {epi}")
+
+    def fn(a, b, sa, sb, c, bias):
+        return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=tb, c=c,
+                                beta=beta or 0.0, bias=bias, activation=act)
+    a_scale = (sa.reshape(*batch, m, -1) if block else
+               sa.reshape(*batch, m) if forms[0] == "row" else sa)
+    args = (a, b, a_scale, sb, c, bias)
+    if not uses_kernel(fn, *args):
+        fails.append(f"{what}: the compiled product does not call the kernel")
+        return
+    out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
+    out = out.reshape(rows, n)
+    c2 = None if c is None else c.reshape(-1, n)  # full: (rows, N); per-column: (1, N)
+    want = reference(a.reshape(rows, k), b, sa, sb, c2, bias, beta or 0.0, act, tb)
+    if out_dtype == I32:
+        if not (same and np.array_equal(out, want.astype(np.int64))):
+            fails.append(f"{what}: same={same}, not exact")
+        return
+    tol = FP8_F32_BOUND if (out_dtype == F32 and not int8) else bound(out_dtype, k)
+    err = rel_err(out, want)
+    if not same or not err <= tol:
+        fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+
+
 @pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)
 @pytest.mark.parametrize("row", INT8_SM80_ROWS)
 def test_every_int8_sm80_row(row, monkeypatch):
@@ -393,9 +449,8 @@ def test_every_int8_sm80_row(row, monkeypatch):
     workspace): int32 bit-exact, W8A8 (per-row / per-column / per-tensor scales) with bias,
     activation or beta * C into bfloat16 / float16 / float32; both b layouts, a batch folded
     into M, shapes that are not tile multiples, K below one k tile."""
-    from jax_tcgemm import scaled
     fails = []
-    for (*batch, m, n, k), tb, split, out_dtype, forms, epi in (
+    for shape, tb, split, out_dtype, forms, epi in (
             ((130, 300, 1040), False, 1, I32, (None, None), (None, None, None)),
             ((130, 300, 1040), True, 2, I32, (None, None), (None, None, None)),
             ((509, 260, 640), True, 3, BF16, ("row", "column"), ("bias", "gelu_tanh", None)),
@@ -403,45 +458,7 @@ def test_every_int8_sm80_row(row, monkeypatch):
             ((3, 50, 200, 256), True, 2, F16, ("row", "tensor"), ("col", "silu", -1.0)),
             ((1, 64, 16), True, 1, I32, (None, None), (None, None, None)),
             ((33, 8, 48), False, 3, BF16, (None, None), ("bias", "relu", None))):
-        monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
-        rng = np.random.default_rng(seed_of("int8row", row, m, n, k, split))
-        a = quantised(rng, (*batch, m, k), I8)
-        b = quantised(rng, (n, k) if tb else (k, n), I8)
-        rows = int(np.prod(batch, dtype=int)) * m
-        sa, sb = scales(rng, forms[0], rows), scales(rng, forms[1], n)
-        if out_dtype != I32:  # sums of order 1 (finite in float16)
-            if sa is None:
-                a, b = a // 16, b // 16
-            else:
-                sa = (sa * np.float32(1 / 4096)).astype(np.float32)
-        cform, act, beta = epi
-        c = {None: None, "bias": None, "full": rng.standard_normal((*batch, m, n)),
-             "col": rng.standard_normal((n,))}[cform]
-        c = None if c is None else c.astype(np.float32)
-        bias = rng.standard_normal(n).astype(np.float32) if cform == "bias" else None
-        what = (f"{row} split {split} {(*batch, m, n, k)} transpose_b={tb} -> "
-                f"{out_dtype.name} scales {forms} epilogue {epi}")
-
-        def fn(a, b, sa, sb, c, bias):
-            return tg.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, transpose_b=tb, c=c,
-                                    beta=beta or 0.0, bias=bias, activation=act)
-        a_scale = sa.reshape(*batch, m) if forms[0] == "row" else sa
-        args = (a, b, a_scale, sb, c, bias)
-        if not uses_kernel(fn, *args):
-            fails.append(f"{what}: the compiled product does not call the kernel")
-            continue
-        out, same = run_poisoned(fn, jax.eval_shape(fn, *args), *args)
-        out = out.reshape(rows, n)
-        c2 = None if c is None else c.reshape(-1, n)  # full: (rows, N); per-column: (1, N)
-        want = reference(a.reshape(rows, k), b, sa, sb, c2, bias, beta or 0.0, act, tb)
-        if out_dtype == I32:
-            ok = same and np.array_equal(out, want.astype(np.int64))
-            if not ok:
-                fails.append(f"{what}: same={same}, not exact")
-            continue
-        err, tol = rel_err(out, want), bound(out_dtype, k)
-        if not same or not err <= tol:
-            fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+        check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms, epi)
     assert not fails, "\n".join(fails)
 
 
@@ -454,7 +471,8 @@ def test_fp8_on_an_sm80_row_is_an_error(monkeypatch):
     rng = np.random.default_rng(seed_of("fp8sm80"))
     a, b = quantised(rng, (64, 128), E4M3), quantised(rng, (64, 128), E4M3)
     with pytest.raises(Exception, match=r"8-bit operands run on the sm90 kernels on compute "
-                                        r"capability 9.0 only \(int8 also on the sm80 rows\)"):
+                                        r"capability 9.0 only \(int8 also on the sm80 and narrow "
+                                        r"rows\)"):
         jax.block_until_ready(jax.jit(lambda a, b: tg.scaled_matmul(
             a, b, 1.0, 1.0, transpose_b=True))(a, b))
 

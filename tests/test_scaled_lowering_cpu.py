@@ -81,13 +81,15 @@ def test_block_scales_plan_on_staging_rows():
 @pytest.mark.parametrize("shape", [(40, 200, 1024), (16, 4096, 4096), (300, 1000, 784)])
 def test_int8_off_hopper_lowers_to_an_sm80_row(monkeypatch, shape):
     """Lowered for a compute capability 8.x device, int8 (exact int32, and W8A8 into bfloat16)
-    is one tcgemm call on the sm80 row and K slices plan_byte picks there (mma.sync m16n8k32),
-    with the workspace the C++ rule asks for (int32 partials of the slices, b's K-major copy);
+    is one tcgemm call on the sm80 (or, up to NARROW_MAX_M rows, narrow) row and K slices
+    plan_byte picks there (mma.sync m16n8k32), with the workspace the C++ rule asks for (int32
+    partials of the slices, b's K-major copy but on a narrow row);
     fp8 has no kernel there and lowers to lax (no custom call)."""
     monkeypatch.setattr(configs, "device_arch", lambda: (8, 6))
     m, n, k = shape
-    row, split = configs.plan_byte(m, n, k, "int8")
-    assert configs.BY_NAME[row].kind == "sm80"
+    row, split = configs.plan_byte(m, n, k, "int8", transpose_b=False)
+    narrow = m <= configs.NARROW_MAX_M  # (N a multiple of 8: b (K, N) read as stored, no copy)
+    assert configs.BY_NAME[row].kind == ("narrow" if narrow else "sm80")
     a, b = jnp.ones((m, k), jnp.int8), jnp.ones((k, n), jnp.int8)
     for out, s in ((jnp.int32, None), (jnp.bfloat16, 0.5)):
         text = cuda_text(lambda a, b: tg.scaled_matmul(a, b, s, s, out_dtype=out), a, b)
@@ -95,7 +97,7 @@ def test_int8_off_hopper_lowers_to_an_sm80_row(monkeypatch, shape):
         assert call["config"] == row and call["split_k"].split(":")[0].strip() == str(split)
         ws = configs.workspace_floats(m, n, k, 1, True, True, False, False, row, split, True, 1)
         slices = configs.effective_split(configs.BY_NAME[row], k, split, 1)
-        assert ws == (slices * m * n if slices > 1 else 0) + n * k // 4
+        assert ws == (slices * m * n if slices > 1 else 0) + (0 if narrow else n * k // 4)
         assert f"tensor<{ws}xf32>" in call["results"]
     f8 = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k, n), jnp.float8_e4m3fn)
     assert not custom_calls(cuda_text(lambda a, b: tg.scaled_matmul(a, b, 1.0, 1.0), *f8))
@@ -116,10 +118,51 @@ def test_k_not_a_multiple_of_16_is_padded(monkeypatch, transpose_b):
     text = cuda_text(fn, a, b)
     (call,) = custom_calls(text)
     # at trace time, then by the lowering (for the shapes it lowers: here the same)
-    assert asked[0] == ("int8", m, n, 1008, "tensor") and {x[3] for x in asked} == {1008}
+    assert asked[0] == ("int8", m, n, 1008, "tensor", 1, transpose_b)
+    assert {x[3] for x in asked} == {1008} and {x[6] for x in asked} == {transpose_b}
     ops = call["line"].split("->")[0]
     assert "tensor<1x40x1008xi8>" in ops
     assert ("tensor<1x200x1008xi8>" if transpose_b else "tensor<1x1008x200xi8>") in ops
     monkeypatch.setattr(scaled, "kernel_config", lambda *a: None)
     text = cuda_text(lambda a, b: fn(a, b), a, b)  # traced anew
     assert not custom_calls(text) and "tensor<40x1008xi8>" in text
+
+
+@pytest.mark.parametrize("arch", [(9, 0), (8, 0), (8, 9)])
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_narrow_rows_take_few_rows(monkeypatch, arch, kind):
+    """Up to NARROW_MAX_M rows an 8-bit product with b stored (K, N) (N a multiple of 8) runs
+    on the narrow row of the fewest rows that holds it (int8 from 8.0, fp8 on 9.0), its K slices
+    within NARROW_BLOCKS blocks, each warp given a k tile; the call reads b as given with no
+    K-major copy (workspace: the slices' partials only). b (N, K) stays on the other rows."""
+    monkeypatch.setattr(configs, "device_arch", lambda: arch)
+    runs = kind == "int8" or arch == (9, 0)
+    for m, n, k in ((1, 4096, 4096), (16, 4096, 4096), (17, 200, 1024), (32, 14336, 4096),
+                    (5, 8, 4096), (3, 8, 16)):
+        plan = configs.plan_byte(m, n, k, kind, transpose_b=False)
+        if not runs:
+            assert plan is None or configs.BY_NAME[plan[0]].kind != "narrow"
+            continue
+        row, split = plan
+        c = configs.BY_NAME[row]
+        assert c.kind == "narrow" and c.bm == (16 if m <= 16 else 32), (m, n, k, plan)
+        blocks, k_tiles = -(-n // c.bn), -(-k // 128)
+        assert split == 1 or (split * blocks <= configs.NARROW_BLOCKS
+                              and k_tiles >= split * c.warps_k)
+        assert 2 * split * blocks > configs.NARROW_BLOCKS or k_tiles < 2 * split * c.warps_k
+    # b (N, K), N not a multiple of 8, or more rows: not a narrow row
+    for m, n, tb in ((16, 4096, True), (16, 77, False), (33, 4096, False)):
+        plan = configs.plan_byte(m, n, 1024, kind, transpose_b=tb)
+        assert plan is None or configs.BY_NAME[plan[0]].kind != "narrow"
+    if not runs:
+        return
+    m, n, k = 16, 4096, 4096
+    dt = jnp.int8 if kind == "int8" else jnp.float8_e4m3fn
+    a, b = jnp.ones((m, k), dt), jnp.ones((k, n), dt)
+    out = jnp.int32 if kind == "int8" else jnp.bfloat16
+    s = None if kind == "int8" else 1.0
+    (call,) = custom_calls(cuda_text(lambda a, b: tg.scaled_matmul(a, b, s, s, out_dtype=out), a, b))
+    row, split = configs.plan_byte(m, n, k, kind, transpose_b=False)
+    assert call["config"] == row and call["split_k"].split(":")[0].strip() == str(split)
+    slices = configs.effective_split(configs.BY_NAME[row], k, split, 1)
+    assert f"tensor<{slices * m * n if slices > 1 else 0}xf32>" in call["results"]

@@ -11,15 +11,17 @@ namespace tcgemm {
 enum class Kind : int {
   kSm80 = 0,  // cp.async + ldmatrix + mma.sync (sm_80 and newer)
   kSm90 = 1,  // TMA + mbarrier + wgmma, warp-specialized (compute capability 9.0 only)
+  kNarrow = 2,  // 8-bit products of few rows: mma.sync on fragments loaded from global memory
 };
 
 struct GemmConfig {
   int bm, bn, bk;      // threadblock tile
   int stages;          // pipeline depth (cp.async groups, or TMA stages)
-  int warps_m, warps_n;  // sm80: warp layout; sm90: 0, 0
+  int warps_m, warps_n;  // sm80: warp layout; sm90: 0, 0; narrow: 1, warps across the columns
   Kind kind = Kind::kSm80;
   int consumers = 0;   // sm90: consumer warpgroups, each owning bm / consumers rows
-  int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1
+  int warps_k = 1;     // sm80: warp groups splitting every stage's K (sliced K); sm90: 1;
+                       // narrow: the warps of a block, each taking every warps_k-th k tile
   bool pingpong = false;  // sm90: each consumer warpgroup owns whole tiles (every consumers-th
                           // item), so one's epilogue overlaps the other's main loop
   bool fp8_only = false;  // sm90: kernels for the fp8 pairs only (HasByteKernels), none else
@@ -33,7 +35,10 @@ inline constexpr GemmConfig kConfigs[] = {
   GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, 2, 1, true},
 #define TCGEMM_SM90_FP8_CONFIG(BM, BN, BK, S, G) \
   GemmConfig{BM, BN, BK, S, 0, 0, Kind::kSm90, G, 1, false, true},
+#define TCGEMM_NARROW_CONFIG(BM, BN, BK, WN, WK) \
+  GemmConfig{BM, BN, BK, 1, 1, WN, Kind::kNarrow, 0, WK},
 #include "gemm_config.inc"
+#undef TCGEMM_NARROW_CONFIG
 #undef TCGEMM_SM90_FP8_CONFIG
 #undef TCGEMM_SM90_PINGPONG_CONFIG
 #undef TCGEMM_SM90_CONFIG
@@ -44,6 +49,10 @@ inline constexpr int kNumConfigs = static_cast<int>(sizeof(kConfigs) / sizeof(kC
 inline std::string ConfigName(const GemmConfig& c) {
   const std::string tile = std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
                            std::to_string(c.bk) + "_s" + std::to_string(c.stages);
+  if (c.kind == Kind::kNarrow)
+    return "narrow_" + std::to_string(c.bm) + "x" + std::to_string(c.bn) + "x" +
+           std::to_string(c.bk) + "_w" + std::to_string(c.warps_n) + "x" +
+           std::to_string(c.warps_k);
   if (c.kind == Kind::kSm90)
     return "sm90_" + tile + (c.pingpong ? "_p" : "_g") + std::to_string(c.consumers) +
            (c.fp8_only ? "_f8" : "");
@@ -55,7 +64,7 @@ inline std::string ConfigName(const GemmConfig& c) {
 // operands TMA cannot address): the first sm80 row with the same BK, so that k tiles, split-K
 // slices and the workspace the caller sized stay the same. Every other config maps to itself.
 constexpr int Sm80Fallback(int cfg) {
-  if (kConfigs[cfg].kind == Kind::kSm80) return cfg;
+  if (kConfigs[cfg].kind != Kind::kSm90) return cfg;  // (narrow rows run on every GPU)
   for (int i = 0; i < kNumConfigs; ++i)
     if (kConfigs[i].kind == Kind::kSm80 && kConfigs[i].bk == kConfigs[cfg].bk) return i;
   return -1;
@@ -85,7 +94,7 @@ constexpr int ElementLoadsRow(int cfg) {
 constexpr bool HasRaggedKernels(int cfg) {
   const GemmConfig& c = kConfigs[cfg];
   return (c.kind == Kind::kSm90 && !c.fp8_only) ||
-         (c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
+         (c.kind == Kind::kSm80 && c.warps_k == 1 && c.bk == 32 && c.bm >= 64 && c.bm <= c.bn);
 }
 
 // Whether config cfg has kernels for 8-bit operands (K-major A and B). sm90 rows
@@ -94,10 +103,12 @@ constexpr bool HasRaggedKernels(int cfg) {
 // registers for the partial sums of one 64 x 128 piece of a k tile; with two m64 blocks,
 // 256x128, ptxas spilled 44 bytes in the main loop). sm80 rows: int8 on every row
 // (kernels/sm80/kernels_s8.cu: mma.sync m16n8k32, one aligned variant each), the rows of
-// GPUs other than compute capability 9.0 and the fallback of the sm90 rows there. The planner
-// picks among these rows (configs.plan_byte).
+// GPUs other than compute capability 9.0 and the fallback of the sm90 rows there. Narrow rows:
+// int8 and the fp8 pairs (kernels/narrow/narrow8.cu; fp8 from compute capability 9.0), B
+// N-major only. The planner picks among these rows (configs.plan_byte).
 constexpr bool HasByteKernels(int cfg, bool fp8) {
   const GemmConfig& c = kConfigs[cfg];
+  if (c.kind == Kind::kNarrow) return true;
   if (c.kind == Kind::kSm80) return !fp8;
   return !c.pingpong && (fp8 ? c.bm == 64 * c.consumers : !c.fp8_only);
 }
@@ -127,8 +138,10 @@ constexpr bool Sm90StagesScales(int cfg) {
   return c.kind == Kind::kSm90 && Sm90SmemBytes(c) + Sm90ScaleBytes(c) <= 226 * 1024;
 }
 
-// Whether config cfg has kernels for 16-bit operands: every row but the fp8-only ones.
-constexpr bool Has16BitKernels(int cfg) { return !kConfigs[cfg].fp8_only; }
+// Whether config cfg has kernels for 16-bit operands: every row but the fp8-only and narrow ones.
+constexpr bool Has16BitKernels(int cfg) {
+  return !kConfigs[cfg].fp8_only && kConfigs[cfg].kind != Kind::kNarrow;
+}
 
 // Elements of one k tile of config cfg for operands of `bytes` bytes: BK counts 16-bit
 // elements, a k tile is 2 BK bytes of K (sm90: one 128-byte swizzle row; sm80: BK 16-bit

@@ -154,7 +154,7 @@ WorkspacePlan PlanWorkspace(const GemmProblem& pr) {
     return o;
   };
   if (IsByteOperand(pr.in_type)) {
-    if (pr.pack && !pr.transpose_b) {
+    if (pr.pack && !pr.transpose_b && kConfigs[pr.config].kind != Kind::kNarrow) {
       PackedOperand& b = w.b;
       b.transposed = true;
       b.rows = (p.stride_b == 0 ? 1 : p.batch) * p.n;
@@ -230,15 +230,29 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
                    : IsByteOperand(pr.b_type) != byte || !KMajorOnly(pr.b_type))
       return pr.promote ? "promoted operands are float16 x float16" : what + " A needs " + what + " B";
     const bool int8 = pr.in_type == DType::kS8;
+    const bool narrow = kConfigs[config].kind == Kind::kNarrow;
     if (int8 && kConfigs[config].kind == Kind::kSm90 && HasByteKernels(config, false) &&
         dev.cc != 90)
       config = Sm80Fallback(config);
-    if (!(int8 && kConfigs[config].kind == Kind::kSm80) &&
-        (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90))
+    if (narrow) {
+      // mma.sync m16n8k32: int8 from sm_80, the fp8 pairs from sm_89 (built for 9.0 and newer)
+      if (!byte || dev.cc < (int8 ? 80 : 90))
+        return "narrow rows run 8-bit operands: int8 from compute capability 8.0, fp8 from 9.0 "
+               "(this GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
+      if (p.m > kConfigs[config].bm)
+        return "narrow row " + ConfigNames()[config] + " takes at most " +
+               std::to_string(kConfigs[config].bm) + " rows (M = " + std::to_string(p.m) + ")";
+      if (b_kmajor || p.n % 8 != 0)
+        return "narrow rows read B N-major ([K][N], as stored) with N a multiple of 8 (got " +
+               std::string(b_kmajor ? "B K-major" : "N = " + std::to_string(p.n)) + ")";
+    } else if (!(int8 && kConfigs[config].kind == Kind::kSm80) &&
+               (kConfigs[config].kind != Kind::kSm90 || dev.cc != 90)) {
       return what + " operands run on the sm90 kernels on compute capability 9.0 only" +
-             (byte ? std::string(" (int8 also on the sm80 rows)") : std::string()) +
+             (byte ? std::string(" (int8 also on the sm80 and narrow rows)") : std::string()) +
              " (this GPU: " + std::to_string(dev.cc) + ", config " + ConfigNames()[config] + ")";
-    if (!a_kmajor || !b_kmajor) return what + " operands are read K-major: A [M][K], B [N][K]";
+    }
+    if (!a_kmajor || (!b_kmajor && !narrow))
+      return what + " operands are read K-major: A [M][K], B [N][K]";
     if (ragged || (pr.pack && !byte))
       return what + " operands run without grouping" + (byte ? "" : " or packing");
     const int64_t row16 = 16 / DTypeBytes(pr.in_type);  // elements in 16 bytes
@@ -248,7 +262,8 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
              std::to_string(row16) + ") and bases";
   }
   if (!kmajor_only && !Has16BitKernels(config))
-    return "config " + ConfigNames()[config] + " has kernels for fp8 operands only";
+    return "config " + ConfigNames()[config] + " has kernels for " +
+           (kConfigs[config].kind == Kind::kNarrow ? "8-bit" : "fp8") + " operands only";
   if (p.d_type == DType::kS32 && pr.in_type != DType::kS8)
     return "an int32 result is the product of int8 operands";
   if (!byte && !pr.promote && (p.epi.row_scale || p.epi.col_scale))
@@ -312,6 +327,12 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   if (wp.b.transposed)
     if (cudaError_t e = LaunchTransposeBytes(transpose, stream); e != cudaSuccess)
       return CudaError("8-bit B transpose launch", e);
+  if (cfg.kind == Kind::kNarrow) {
+    if (std::string err = LaunchNarrow(p, config, pr.in_type, pr.b_type, stream);
+        !err.empty())
+      return err;
+    return split > 1 ? ReduceSplits(pr, p, split, stream) : std::string();
+  }
   if (cfg.kind == Kind::kSm90) {
     if (pr.tail_rows > 0)
       return LaunchSm90Tail(pr, p, config, cfg, a_kmajor, b_kmajor, device, dev.sms, stream);

@@ -68,6 +68,12 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
                        bool a_kmajor, bool b_kmajor, bool promote, int device, int sms,
                        cudaStream_t stream);
 
+// Defined in kernels/narrow/narrow8.cu: launches narrow config `config` (Kind::kNarrow) with p
+// as LaunchGemm prepared it (tiles_n, split, leading dimensions; for split-K, p.partial set):
+// 8-bit operands of types a_type x b_type, A K-major, B N-major ([K][N]) as stored.
+std::string LaunchNarrow(const GemmParams& p, int config, InType a_type, InType b_type,
+                         cudaStream_t stream);
+
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);
 
@@ -98,7 +104,7 @@ inline constexpr int64_t PackedLd(int64_t cols) {
 // module (workspace_floats) to size the call's workspace result.
 // 8-bit operands are never padded; instead (with pr.pack) a B stored N-major ([K][N], as x @ W
 // holds it) is copied K-major ([N][K]: rows = batch items x N, cols = ld = K), which their
-// wgmma needs (`transposed`).
+// wgmma and mma.sync rows need (`transposed`); the narrow rows read it as stored.
 struct PackedOperand {
   bool packed = false;
   bool transposed = false;

@@ -31,14 +31,16 @@ __device__ __forceinline__ void cp_async_cg_16_or_zero(uint32_t smem_addr, const
 #endif
 }
 
-// 4-byte copy (.ca; 4 bytes is below .cg's 16), zero-filling the bytes past `src_bytes`
-// (0: writes 4 zero bytes and reads nothing). Completion is tracked by an mbarrier
+// BYTES-byte copy (.ca: 4 or 8 bytes, below .cg's 16), zero-filling the bytes past `src_bytes`
+// (0: writes BYTES zero bytes and reads nothing). Completion is tracked by an mbarrier
 // (cp_async_mbarrier_arrive) or by commit / wait groups.
-__device__ __forceinline__ void cp_async_ca_4_zfill(uint32_t smem_addr, const void* gmem,
-                                                    uint32_t src_bytes) {
+template <int BYTES>
+__device__ __forceinline__ void cp_async_ca_zfill(uint32_t smem_addr, const void* gmem,
+                                                  uint32_t src_bytes) {
+  static_assert(BYTES == 4 || BYTES == 8, "cp.async.ca of 4 or 8 bytes (16: the .cg forms)");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem),
-               "r"(src_bytes)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr), "l"(gmem),
+               "n"(BYTES), "r"(src_bytes)
                : "memory");
 #endif
 }

@@ -8,6 +8,7 @@
 //   m16n8k32 a[0..3]: the same rows x cols {4q..4q+3} (+16 for a[2], a[3]), four s8 per register
 //   m16n8k32 b[0..1]: B rows (k) {4q..4q+3} (+16 for b[1]) x col (n) g
 //   c/d[0..3]: rows {g, g+8} x cols {2q, 2q+1} (both shapes)
+// m16n8k32 with e4m3 / e5m2 operands (sm_89+) has the s8 fragment layout, float32 sums.
 // Where K is contiguous in memory, a register of either shape holds the same four bytes of
 // its row (column of B): a k16 step's 16-bit fragments are, byte for byte, a k32 step's int8
 // fragments (kernels/sm80/gemm_sm80.cuh reads int8 operands as 16-bit pairs).
@@ -46,6 +47,24 @@ __device__ __forceinline__ void mma_m16n8k32_s32_s8_s8_s32(int (&d)[4], const ui
   TCGEMM_MMA_SYNC("m16n8k32.row.col.s32.s8.s8.s32", "+r");
 #endif
 }
+
+// fp8 pairs (e4m3 / e5m2 for A and B), float32 accumulation: sm_89 and newer (the kernels'
+// sm_80 builds compile an empty body; the dispatcher launches them on 9.0 and newer only).
+#define TCGEMM_MMA_FP8(NAME, TA, TB)                                                   \
+  __device__ __forceinline__ void NAME(float (&d)[4], const uint32_t (&a)[4],           \
+                                       const uint32_t (&b)[2]) {                        \
+    TCGEMM_MMA_FP8_BODY("m16n8k32.row.col.f32." TA "." TB ".f32");                     \
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define TCGEMM_MMA_FP8_BODY(TYS) TCGEMM_MMA_SYNC(TYS, "+f")
+#else
+#define TCGEMM_MMA_FP8_BODY(TYS)
+#endif
+TCGEMM_MMA_FP8(mma_m16n8k32_f32_e4m3_e4m3_f32, "e4m3", "e4m3")
+TCGEMM_MMA_FP8(mma_m16n8k32_f32_e4m3_e5m2_f32, "e4m3", "e5m2")
+TCGEMM_MMA_FP8(mma_m16n8k32_f32_e5m2_e4m3_f32, "e5m2", "e4m3")
+#undef TCGEMM_MMA_FP8_BODY
+#undef TCGEMM_MMA_FP8
 
 #undef TCGEMM_MMA_SYNC
 

@@ -82,7 +82,8 @@ NB_MODULE(_tcgemm, m) {
       const bool sm90 = c.kind == tcgemm::Kind::kSm90;
       nb::dict r;
       r["name"] = tcgemm::ConfigNames()[i];
-      r["kind"] = sm90 ? "sm90" : "sm80";
+      const bool narrow = c.kind == tcgemm::Kind::kNarrow;
+      r["kind"] = sm90 ? "sm90" : narrow ? "narrow" : "sm80";
       r["bm"] = c.bm; r["bn"] = c.bn; r["bk"] = c.bk; r["stages"] = c.stages;
       r["warps_m"] = c.warps_m; r["warps_n"] = c.warps_n; r["warps_k"] = c.warps_k;
       r["consumers"] = c.consumers;

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "host/gemm_dispatch.h"
+#include "kernels/common/element.cuh"
 
 namespace tcgemm {
 namespace {
@@ -140,12 +141,10 @@ __global__ void __launch_bounds__(kThreads) transpose_bytes_kernel(TransposeJob 
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = tile[TrWord(16 * kc + 4 * g + i, word)];
     // x[i] byte c: (k 16 kc + 4 g + i, n 4 word + c) -> out[c][g] byte i
-    const uint32_t lo01 = __byte_perm(x[0], x[1], 0x5140), hi01 = __byte_perm(x[0], x[1], 0x7362);
-    const uint32_t lo23 = __byte_perm(x[2], x[3], 0x5140), hi23 = __byte_perm(x[2], x[3], 0x7362);
-    out[0][g] = __byte_perm(lo01, lo23, 0x5410);
-    out[1][g] = __byte_perm(lo01, lo23, 0x7632);
-    out[2][g] = __byte_perm(hi01, hi23, 0x5410);
-    out[3][g] = __byte_perm(hi01, hi23, 0x7632);
+    uint32_t y[4];
+    transpose_4x4_bytes(x, y);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out[c][g] = y[c];
   }
   const int64_t k = k0 + 16 * kc;
 #pragma unroll

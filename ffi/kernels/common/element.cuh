@@ -81,6 +81,18 @@ __host__ __device__ __forceinline__ void with_dtype(DType t, F&& f) {
   }
 }
 
+// A 4 x 4 block of bytes transposed: x[i] holds row i (byte c: column c); y[c] receives column c
+// (byte i: row i). Eight byte permutes; how 8-bit rows stored N-major become K-major words
+// (kernels/aux/pack.cu's copy, the narrow kernels' registers).
+__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&x)[4], uint32_t (&y)[4]) {
+  const uint32_t lo01 = __byte_perm(x[0], x[1], 0x5140), hi01 = __byte_perm(x[0], x[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(x[2], x[3], 0x5140), hi23 = __byte_perm(x[2], x[3], 0x7362);
+  y[0] = __byte_perm(lo01, lo23, 0x5410);
+  y[1] = __byte_perm(lo01, lo23, 0x7632);
+  y[2] = __byte_perm(hi01, hi23, 0x5410);
+  y[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 // Calls f(T{}) with T the CUDA type of 8-bit operand type t (IsByteOperand).
 template <typename F>
 __host__ __device__ __forceinline__ void with_byte_operand(DType t, F&& f) {

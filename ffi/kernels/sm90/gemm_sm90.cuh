@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 #pragma unroll
             for (int h = 0; h < kHalves; ++h) {
               const bool in = n0 / 128 + h < nb;
-              ptx::cp_async_ca_4_zfill(dst + 4 * (Tr::kBM + h), in ? sb + n0 / 128 + h : sb,
+              ptx::cp_async_ca_zfill<4>(dst + 4 * (Tr::kBM + h), in ? sb + n0 / 128 + h : sb,
                                        in ? 4 : 0);
             }
             ptx::cp_async_mbarrier_arrive(full_bar(s));
