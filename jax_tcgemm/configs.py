@@ -92,7 +92,7 @@ def configs_for(arch: tuple[int, ...] | None) -> tuple[Config, ...]:
     return tuple(c for c in CONFIGS16 if c.kind == "sm80" or hopper)
 
 
-_SMS = 132  # streaming multiprocessors of an H100/H200 SXM
+SMS = 132  # streaming multiprocessors of an H100/H200 SXM
 _REGS_PER_THREAD = 256  # the kernels are built to use up to 255 registers (+1 granule)
 _SMEM_PER_SM = 228 * 1024
 _MIN_K_PER_SPLIT = 512  # a K slice shorter than this spends too long in its pipeline prologue
@@ -203,9 +203,9 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     a ping-pong row hides all but a block's last).
     The operands and C must also cross HBM once; memory and compute overlap only in part.
     `refit`: the sm90 constants refit to 16-bit products (_L2_BW_SM90, _RATE_SM90_128X128);
-    8-bit and float32 plans (_plan_rows) pass False."""
+    8-bit and float32 plans (plan_rows) pass False."""
     bps = blocks_per_sm(c)
-    slots = _SMS * bps
+    slots = SMS * bps
     hopper = c.kind == "sm90"
     # sm80 rows: the s slices of a tile form one thread block cluster (sm_90 hardware);
     # sm90 rows sum their slices through the workspace
@@ -215,11 +215,11 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     blocks = c.tiles(m, n) * batch * s
     kt = math.ceil(math.ceil(k / c.bk) / s)
     concurrent = min(blocks, slots)
-    resident = min(bps, math.ceil(concurrent / _SMS))
+    resident = min(bps, math.ceil(concurrent / SMS))
     peak = _PEAK_SM90 if hopper else _PEAK
     rate = _rate(c, resident, refit) * (_RATE_BLOCK_LOADS if block_scales and not c.staged_scales
                                         else 1)
-    t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / _SMS * rate)
+    t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / SMS * rate)
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
     t_tile = max(t_mma, _LATENCY / (c.stages - 1),
                  stage_bytes * concurrent / (_L2_BW_SM90 if hopper and refit else _L2_BW))
@@ -332,11 +332,11 @@ def _tail(c: Config, m: int, n: int, k: int, batch: int = 1, epilogue: bool = Fa
     if whole is None:
         whole = estimate(c, 1, m, n, k, batch, epilogue=epilogue)[0]
     tiles_m, tiles_n = math.ceil(m / c.bm), math.ceil(n / c.bn)
-    waves = tiles_m * tiles_n / _SMS
+    waves = tiles_m * tiles_n / SMS
     if c.kind != "sm90" or c.fp8_only or batch != 1 or waves <= 1 or \
             waves - math.floor(waves) > TAIL_MAX_FILL:
         return whole, 0, 1
-    head_tm = math.floor(waves) * _SMS // tiles_n  # whole tile rows of the full waves
+    head_tm = math.floor(waves) * SMS // tiles_n  # whole tile rows of the full waves
     tail = m - head_tm * c.bm
     if head_tm <= 0 or tail <= 0:
         return whole, 0, 1
@@ -417,11 +417,11 @@ def competes(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     if c.bm >= 64:
         return True
     blocks = c.tiles(m, n) * batch
-    ok = (m <= SKINNY_MAX_M and blocks <= _SMS * blocks_per_sm(c)
-          and (s == 1 or blocks * s <= _SMS))
+    ok = (m <= SKINNY_MAX_M and blocks <= SMS * blocks_per_sm(c)
+          and (s == 1 or blocks * s <= SMS))
     if c.warps_k > 1:
-        splittable = 2 in splits(c, k, m) and 2 * blocks <= _SMS  # as the plain row would
-        rate_bound = 2 * blocks <= _SMS or m > c.bm or n * k * 2 <= SLICED_K_MAX_WEIGHT
+        splittable = 2 in splits(c, k, m) and 2 * blocks <= SMS  # as the plain row would
+        rate_bound = 2 * blocks <= SMS or m > c.bm or n * k * 2 <= SLICED_K_MAX_WEIGHT
         ok = ok and s == 1 and not splittable and rate_bound
     return ok
 
@@ -508,7 +508,7 @@ def plan_ragged(m: int, n: int, k: int, groups: int, dtype=None, mode: int = 0,
     return CONFIGS[best[-1]].name
 
 
-def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False,
+def plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epilogue=False,
                elem_bytes=2, block_scales=False, sm80=False):
     """(config name, split_k) among the sm90 rows with kernels for a K-major-only operand type
     (has_kernels(config): Config.int8 / fp8 / f32), or None where none runs: compute capability
@@ -530,68 +530,6 @@ def _plan_rows(m, n, k, batch, has_kernels, k_multiple, arch, split_counts, epil
                 for s in split_counts(c)
                 if competes(c, s, m, n, mk, batch, epilogue)), default=None)
     return None if best is None else (CONFIGS[best[-2]].name, best[-1])
-
-
-# int8 products of at most this many rows run on the sm80 rows (16-row tiles) on 9.0 too, where
-# a 64-row wgmma tile idles: 4-13% faster at M = 1 and 16, not at 32 (H200, NOTES v61).
-INT8_SM80_MAX_M = 16
-
-# 8-bit products split K only where their tiles leave SMs idle (decode-sized M: 16 x 4096^2 has
-# 32 column tiles of 128 for 132 SMs), each slice at least BYTE_MIN_SLICE_K of K; the slices'
-# partials (int8: exact int32) are summed by the split-K reduction, which runs the epilogue.
-BYTE_MIN_SLICE_K = 1024
-
-
-def byte_splits(tiles: int, k: int) -> tuple[int, ...]:
-    """K slice counts plan_byte weighs for a row with `tiles` output tiles and K = k."""
-    return tuple(s for s in (1 << i for i in range(MAX_SPLIT_K.bit_length()))
-                 if s == 1 or (tiles * s <= 2 * _SMS and k // s >= BYTE_MIN_SLICE_K))
-
-
-# 8-bit products of at most NARROW_MAX_M rows with b stored (K, N) (x @ W; N a multiple of 8)
-# run on the narrow rows (int8 from 8.0, fp8 on 9.0): b read once as stored, where the other
-# rows first copy it K-major (1.0-2.0x faster at M = 1-32 on the H200; with b (N, K) those rows
-# stay ahead: NOTES v69). K slices: the most (powers of two) that keep the blocks within
-# NARROW_BLOCKS and give every warp of a block a k tile of its slice.
-NARROW_MAX_M = 32
-NARROW_BLOCKS = 2 * _SMS
-
-
-def _plan_narrow(m, n, k, kind, cc, batch, transpose_b):
-    if cc is None or cc < (8, 0) or (kind == "fp8" and cc != (9, 0)) or transpose_b or n % 8:
-        return None
-    c = min((c for c in CONFIGS if c.kind == "narrow" and c.bm >= m), key=lambda c: c.bm,
-            default=None)
-    if c is None:
-        return None
-    blocks, k_tiles, s = -(-n // c.bn) * batch, -(-k // 128), 1
-    while 2 * s <= MAX_SPLIT_K and 2 * s * blocks <= NARROW_BLOCKS and k_tiles >= 2 * s * c.warps_k:
-        s *= 2
-    return c.name, s
-
-
-def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = "device",
-              block_scales: bool = False, batch: int = 1, transpose_b: bool = True):
-    """(config name, split_k) for an 8-bit product (kind "int8" or "fp8": tg.scaled_matmul and
-    int8 dot_general, K-major operands), or None where no 8-bit kernel runs (K not a multiple
-    of 16; fp8 off compute capability 9.0, int8 below 8.0; an empty product). Among the rows
-    with 8-bit kernels of that kind and the K slices byte_splits allows, the cost model's pick:
-    on 9.0 the sm90 rows (fp8: the fp8-only row on large squares, where its third warpgroup
-    hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41; `block_scales`:
-    rows that stage them where they win: v43); int8 elsewhere, and on 9.0 up to
-    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to NARROW_MAX_M rows the
-    narrow rows. `batch`: items of M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
-    if min(m, n, k, batch) <= 0:
-        return None
-    if arch == "device":
-        arch = device_arch()
-    if m <= NARROW_MAX_M and k % 16 == 0 and (narrow := _plan_narrow(
-            m, n, k, kind, None if arch is None else tuple(arch[:2]), batch, transpose_b)):
-        return narrow
-    sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
-    return _plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
-                      lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,
-                      block_scales=block_scales, sm80=sm80)
 
 
 # float32 products on the TF32 kernels: a K slice adds its k tiles' sums in order into float32
@@ -620,8 +558,8 @@ def plan_f32(m: int, n: int, k: int, batch: int = 1, arch: tuple[int, ...] | Non
              epilogue: bool = False):
     """(config name, split_k) for a float32 product read as TF32 (K-major operands, K a
     multiple of 4: what the lowering makes of any float32 product), or None where no TF32
-    kernel runs (_plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
+    kernel runs (plan_rows). Among the rows with TF32 kernels (Config.f32), the (row, split)
     the cost model picks, split as f32_splits allows (long K: F32_SLICE_K)."""
     splits = f32_splits(k)  # every row alike
-    return _plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, lambda c: splits,
+    return plan_rows(m, n, k, batch, lambda c: c.f32, 4, arch, lambda c: splits,
                       epilogue=epilogue)

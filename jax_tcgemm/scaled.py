@@ -39,7 +39,7 @@ from jax.interpreters import mlir
 # As imported: a user may monkeypatch jax.lax.dot_general = tg.dot_general.
 from jax.lax import dot_general as _lax_dot_general
 
-from . import _ffi, configs, epilogue, lowering, sharding
+from . import _ffi, configs, epilogue, lowering, plan8, sharding
 from .ops import _as_array
 from .primitive import _fold, _jitted_impl, map_items
 from .problem import symbolic
@@ -203,7 +203,7 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     are the epilogue's row and column scales; block scales are applied in the kernel's main
     loop (passed K-major, each item's (Kb, R) and (Kb, Nb) stacked along the rows)."""
     form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
-    config, split = plan  # configs.plan_byte: K slices summed by the split-K reduction
+    config, split = plan  # plan8.plan_byte: K slices summed by the split-K reduction
     k = a3.shape[2]
     # wgmma reads 8-bit operands K-major only: a (K, N) b is copied K-major inside the call
     # (pack=1: ffi/host PlanWorkspace / LaunchTransposeBytes), not by an XLA transpose (the
@@ -365,12 +365,12 @@ _fused.defjvp(_fused_jvp, symbolic_zeros=True)
 
 
 def kernel_config(kind, r, n, k, form, batch=1, transpose_b=True):
-    """(row, K slices) that run this product of `batch` items (configs.plan_byte; K a multiple
+    """(row, K slices) that run this product of `batch` items (plan8.plan_byte; K a multiple
     of 16), or None where lax does (int8 with block scales, no extension, fp8 on a device other
     than compute capability 9.0, int8 on one below 8.0)."""
     if (form == "block" and kind != "fp8") or not _ffi.available() or symbolic(r, n, k, batch):
         return None  # (symbolic dims, jax.export's shape polymorphism: planned by no one)
-    return configs.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch,
+    return plan8.plan_byte(r, n, k, kind, block_scales=form == "block", batch=batch,
                              transpose_b=transpose_b)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jax_tcgemm as tg
-from jax_tcgemm import _ffi, autotune, configs, problem
+from jax_tcgemm import _ffi, autotune, configs, plan8, problem
 from jax_tcgemm.primitive import tcgemm
 
 from test_cpu import (CFG64, IN_DTYPES, LAYOUT_IDS, LAYOUTS, NO_MODULE, S, cuda_text,
@@ -331,7 +331,7 @@ def test_refit_plans_on_hopper():
     assert configs.plan(6000, 6000, 6000, arch=(9, 0)) == (g2, 1)
     assert configs.plan(256, 11008, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
     assert configs.plan(1024, 4096, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
-    assert configs.plan_byte(128, 7168, 16384, "fp8", (9, 0), block_scales=True) == (g2, 4)
+    assert plan8.plan_byte(128, 7168, 16384, "fp8", (9, 0), block_scales=True) == (g2, 4)
     assert configs.plan_f32(128, 4096, 12288, arch=(9, 0), epilogue=True) == (
         "sm90_64x128x64_s8_g1", 2)
 

@@ -567,43 +567,43 @@ def test_kernel_wrapper_grads(kernel_path, forms):
 def test_plan_byte():
     """The 8-bit planner: an sm90 row with kernels of the kind on compute capability 9.0 when K
     is a multiple of 16; int8 on an sm80 row on other GPUs from 8.0 on; None elsewhere (lax)."""
-    from jax_tcgemm import configs
+    from jax_tcgemm import configs, plan8
     if not configs.CONFIGS:
         pytest.skip("the extension is not built (no config table)")
     for kind in ("int8", "fp8"):
-        name, split = configs.plan_byte(8192, 8192, 8192, kind, arch=(9, 0))
+        name, split = plan8.plan_byte(8192, 8192, 8192, kind, arch=(9, 0))
         assert getattr(configs.BY_NAME[name], kind) and split == 1
         assert configs.BY_NAME[name].kind == "sm90"
         # decode-sized int8 (M <= INT8_SM80_MAX_M) on the sm80 rows on 9.0 too; fp8 never
-        for m in (1, configs.INT8_SM80_MAX_M, configs.INT8_SM80_MAX_M + 1):
-            row = configs.BY_NAME[configs.plan_byte(m, 4096, 4096, kind, arch=(9, 0))[0]]
+        for m in (1, plan8.INT8_SM80_MAX_M, plan8.INT8_SM80_MAX_M + 1):
+            row = configs.BY_NAME[plan8.plan_byte(m, 4096, 4096, kind, arch=(9, 0))[0]]
             assert row.kind == ("sm80" if kind == "int8" and m <= 16 else "sm90"), (kind, m)
-        assert configs.plan_byte(100, 200, 1000, kind, arch=(9, 0)) is None  # K % 16
-        assert configs.plan_byte(128, 128, 128, kind, arch=None) is None
-        assert configs.plan_byte(128, 128, 128, kind, arch=(7, 5)) is None
+        assert plan8.plan_byte(100, 200, 1000, kind, arch=(9, 0)) is None  # K % 16
+        assert plan8.plan_byte(128, 128, 128, kind, arch=None) is None
+        assert plan8.plan_byte(128, 128, 128, kind, arch=(7, 5)) is None
     # int8 off Hopper: the sm80 rows (mma.sync m16n8k32), modelled as 16-bit products of K/2;
     # fp8 has no kernel there
     for arch in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
-        assert configs.plan_byte(128, 128, 128, "fp8", arch=arch) is None
-        assert configs.plan_byte(100, 200, 1000, "int8", arch=arch) is None  # K % 16
+        assert plan8.plan_byte(128, 128, 128, "fp8", arch=arch) is None
+        assert plan8.plan_byte(100, 200, 1000, "int8", arch=arch) is None  # K % 16
         for shape in ((8192, 8192, 8192), (16, 4096, 4096), (1000, 3000, 784), (1, 1, 16)):
-            name, split = configs.plan_byte(*shape, "int8", arch=arch)
+            name, split = plan8.plan_byte(*shape, "int8", arch=arch)
             row = configs.BY_NAME[name]
             assert row.kind == "sm80" and row.int8, (arch, shape, name)
-            assert split in configs.byte_splits(row.tiles(*shape[:2]), shape[2])
+            assert split in plan8.byte_splits(row.tiles(*shape[:2]), shape[2])
     # fp8 on large squares: the three-consumer fp8-only row; where it would need more waves
     # (4096 x 7168: 10 against 7), 128x256; int8 never on an fp8-only row
     fp8_only = {c.name for c in configs.CONFIGS if c.fp8_only}
-    assert fp8_only and configs.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0))[0] in fp8_only
-    assert configs.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
-    assert configs.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0))[0] not in fp8_only
+    assert fp8_only and plan8.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0))[0] in fp8_only
+    assert plan8.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
+    assert plan8.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0))[0] not in fp8_only
     # decode-sized M: 32 column tiles of 128 leave SMs idle, so K is split (byte_splits); the
     # slices stay within twice the SMs and at least BYTE_MIN_SLICE_K of K each
     for kind in ("int8", "fp8"):
-        name, split = configs.plan_byte(48, 4096, 4096, kind, arch=(9, 0))
+        name, split = plan8.plan_byte(48, 4096, 4096, kind, arch=(9, 0))
         tiles = configs.BY_NAME[name].tiles(48, 4096)
-        assert split > 1 and tiles * split <= 2 * 132 and 4096 // split >= configs.BYTE_MIN_SLICE_K
-        assert split in configs.byte_splits(tiles, 4096)
+        assert split > 1 and tiles * split <= 2 * 132 and 4096 // split >= plan8.BYTE_MIN_SLICE_K
+        assert split in plan8.byte_splits(tiles, 4096)
     for c in configs.CONFIGS:  # C++'s HasByteKernels, as the table reports it
         coop = c.kind == "sm90" and not c.pingpong
         assert c.int8 == (c.kind in ("sm80", "narrow") or (coop and not c.fp8_only)), c.name

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_tcgemm as tg
-from jax_tcgemm import _ffi, configs, scaled
+from jax_tcgemm import _ffi, configs, plan8, scaled
 from test_cpu import cuda_text, custom_calls
 
 pytestmark = pytest.mark.skipif(not _ffi.available(),
@@ -70,12 +70,12 @@ def test_block_scales_plan_on_staging_rows():
     assert not staged & {"sm90_128x256x64_s4_g2", "sm90_128x128x64_s6_g2"}
     assert all(c.kind == "sm90" for c in configs.CONFIGS if c.staged_scales)
     llm, m128 = (4096, 7168, 16384), (128, 7168, 16384)
-    assert configs.plan_byte(*llm, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
+    assert plan8.plan_byte(*llm, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
     for shape in (llm, (8192, 8192, 8192)):
-        assert configs.plan_byte(*shape, "fp8", arch=(9, 0), block_scales=True)[0] in staged
+        assert plan8.plan_byte(*shape, "fp8", arch=(9, 0), block_scales=True)[0] in staged
     # at M = 128 the K-split 128x256 plan stays (measured 10% faster than the staging rows')
-    assert (configs.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True)
-            == configs.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 4))
+    assert (plan8.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True)
+            == plan8.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 4))
 
 
 @pytest.mark.parametrize("shape", [(40, 200, 1024), (16, 4096, 4096), (300, 1000, 784)])
@@ -87,8 +87,8 @@ def test_int8_off_hopper_lowers_to_an_sm80_row(monkeypatch, shape):
     fp8 has no kernel there and lowers to lax (no custom call)."""
     monkeypatch.setattr(configs, "device_arch", lambda: (8, 6))
     m, n, k = shape
-    row, split = configs.plan_byte(m, n, k, "int8", transpose_b=False)
-    narrow = m <= configs.NARROW_MAX_M  # (N a multiple of 8: b (K, N) read as stored, no copy)
+    row, split = plan8.plan_byte(m, n, k, "int8", transpose_b=False)
+    narrow = m <= plan8.NARROW_MAX_M  # (N a multiple of 8: b (K, N) read as stored, no copy)
     assert configs.BY_NAME[row].kind == ("narrow" if narrow else "sm80")
     a, b = jnp.ones((m, k), jnp.int8), jnp.ones((k, n), jnp.int8)
     for out, s in ((jnp.int32, None), (jnp.bfloat16, 0.5)):
@@ -139,7 +139,7 @@ def test_narrow_rows_take_few_rows(monkeypatch, arch, kind):
     runs = kind == "int8" or arch == (9, 0)
     for m, n, k in ((1, 4096, 4096), (16, 4096, 4096), (17, 200, 1024), (32, 14336, 4096),
                     (5, 8, 4096), (3, 8, 16)):
-        plan = configs.plan_byte(m, n, k, kind, transpose_b=False)
+        plan = plan8.plan_byte(m, n, k, kind, transpose_b=False)
         if not runs:
             assert plan is None or configs.BY_NAME[plan[0]].kind != "narrow"
             continue
@@ -147,12 +147,12 @@ def test_narrow_rows_take_few_rows(monkeypatch, arch, kind):
         c = configs.BY_NAME[row]
         assert c.kind == "narrow" and c.bm == (16 if m <= 16 else 32), (m, n, k, plan)
         blocks, k_tiles = -(-n // c.bn), -(-k // 128)
-        assert split == 1 or (split * blocks <= configs.NARROW_BLOCKS
+        assert split == 1 or (split * blocks <= plan8.NARROW_BLOCKS
                               and k_tiles >= split * c.warps_k)
-        assert 2 * split * blocks > configs.NARROW_BLOCKS or k_tiles < 2 * split * c.warps_k
+        assert 2 * split * blocks > plan8.NARROW_BLOCKS or k_tiles < 2 * split * c.warps_k
     # b (N, K), N not a multiple of 8, or more rows: not a narrow row
     for m, n, tb in ((16, 4096, True), (16, 77, False), (33, 4096, False)):
-        plan = configs.plan_byte(m, n, 1024, kind, transpose_b=tb)
+        plan = plan8.plan_byte(m, n, 1024, kind, transpose_b=tb)
         assert plan is None or configs.BY_NAME[plan[0]].kind != "narrow"
     if not runs:
         return
@@ -162,7 +162,7 @@ def test_narrow_rows_take_few_rows(monkeypatch, arch, kind):
     out = jnp.int32 if kind == "int8" else jnp.bfloat16
     s = None if kind == "int8" else 1.0
     (call,) = custom_calls(cuda_text(lambda a, b: tg.scaled_matmul(a, b, s, s, out_dtype=out), a, b))
-    row, split = configs.plan_byte(m, n, k, kind, transpose_b=False)
+    row, split = plan8.plan_byte(m, n, k, kind, transpose_b=False)
     assert call["config"] == row and call["split_k"].split(":")[0].strip() == str(split)
     slices = configs.effective_split(configs.BY_NAME[row], k, split, 1)
     assert f"tensor<{slices * m * n if slices > 1 else 0}xf32>" in call["results"]

@@ -105,7 +105,7 @@ constexpr bool HasRaggedKernels(int cfg) {
 // (kernels/sm80/kernels_s8.cu: mma.sync m16n8k32, one aligned variant each), the rows of
 // GPUs other than compute capability 9.0 and the fallback of the sm90 rows there. Narrow rows:
 // int8 and the fp8 pairs (kernels/narrow/narrow8.cu; fp8 from compute capability 9.0), B
-// N-major only. The planner picks among these rows (configs.plan_byte).
+// N-major only. The planner picks among these rows (plan8.plan_byte).
 constexpr bool HasByteKernels(int cfg, bool fp8) {
   const GemmConfig& c = kConfigs[cfg];
   if (c.kind == Kind::kNarrow) return true;
