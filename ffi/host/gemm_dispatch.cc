@@ -328,7 +328,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
     if (cudaError_t e = LaunchTransposeBytes(transpose, stream); e != cudaSuccess)
       return CudaError("8-bit B transpose launch", e);
   if (cfg.kind == Kind::kNarrow) {
-    if (std::string err = LaunchNarrow(p, config, pr.in_type, pr.b_type, stream);
+    if (std::string err = LaunchNarrow(p, config, pr.in_type, pr.b_type, device, stream);
         !err.empty())
       return err;
     return split > 1 ? ReduceSplits(pr, p, split, stream) : std::string();

@@ -70,9 +70,10 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
 
 // Defined in kernels/narrow/narrow8.cu: launches narrow config `config` (Kind::kNarrow) with p
 // as LaunchGemm prepared it (tiles_n, split, leading dimensions; for split-K, p.partial set):
-// 8-bit operands of types a_type x b_type, A K-major, B N-major ([K][N]) as stored.
+// 8-bit operands of types a_type x b_type, A K-major, B N-major ([K][N]) as stored; `device`:
+// the current one (its shared-memory limit raised once).
 std::string LaunchNarrow(const GemmParams& p, int config, InType a_type, InType b_type,
-                         cudaStream_t stream);
+                         int device, cudaStream_t stream);
 
 // Split-K slices actually used for `split_k` requested ones (no empty slice): at most split_k.
 int EffectiveSplitK(const GemmProblem& pr);

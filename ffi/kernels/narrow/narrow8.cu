@@ -79,9 +79,8 @@ struct NarrowTraits {
   static constexpr int kLd = kBN + 4;                  // shared sums' row pitch (words)
   static constexpr int kRedBytes = kWarpsK * kBM * kLd * 4;
   // Each warp's ring of kStages k32 steps in shared memory, filled by cp.async (nothing held in
-  // registers while in flight): per step and lane, 2 MT 8-byte units of A and NJ units of B
-  // (K-major: 8 bytes of a column; N-major: 8 k rows of NJ bytes), lane-minor (unit u of lane l
-  // at (32 u + l) x its size: conflict-free reads).
+  // registers while in flight): per step and lane, 2 MT 8-byte units of A and 8 units of B (k
+  // rows of NJ bytes), lane-minor (unit u of lane l at (32 u + l) x its size: conflict-free).
   static constexpr int kStages = 6;
   static constexpr int kStepBytes = 32 * (2 * kMT * 8 + kNJ * 8);
   static constexpr int kRingBytes = kStages * kStepBytes;
@@ -294,10 +293,25 @@ const void* NarrowKernel() {
   else return nullptr;
 }
 
-template <typename TA, typename TB, int... CFGs>
-const void* Lookup(int config, std::integer_sequence<int, CFGs...>) {
-  static const void* const table[] = {NarrowKernel<TA, TB, CFGs>()...};
-  return table[config];
+// The kernels of the operand pairs, in NarrowPair order, for each config (nullptr: not narrow).
+template <int... CFGs>
+const void* Lookup(int pair, int config, std::integer_sequence<int, CFGs...>) {
+  using E4 = __nv_fp8_e4m3;
+  using E5 = __nv_fp8_e5m2;
+  static const void* const table[4][kNumConfigs] = {
+      {NarrowKernel<int8_t, int8_t, CFGs>()...}, {NarrowKernel<E4, E4, CFGs>()...},
+      {NarrowKernel<E4, E5, CFGs>()...}, {NarrowKernel<E5, E4, CFGs>()...}};
+  return table[pair][config];
+}
+
+// The index of an operand pair (int8, e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3), or -1.
+int NarrowPair(DType a, DType b) {
+  using D = DType;
+  if (a == D::kS8 && b == D::kS8) return 0;
+  if (a == D::kE4M3 && b == D::kE4M3) return 1;
+  if (a == D::kE4M3 && b == D::kE5M2) return 2;
+  if (a == D::kE5M2 && b == D::kE4M3) return 3;
+  return -1;
 }
 
 template <int CFG>
@@ -319,22 +333,13 @@ std::atomic<uint64_t> g_smem_done[kNumConfigs][4];
 }  // namespace
 
 std::string LaunchNarrow(const GemmParams& p, int config, InType a_type, InType b_type,
-                         cudaStream_t stream) {
+                         int device, cudaStream_t stream) {
   const auto cfgs = std::make_integer_sequence<int, kNumConfigs>{};
-  using E4 = __nv_fp8_e4m3;
-  using E5 = __nv_fp8_e5m2;
-  const void* fn = nullptr;
-  if (config >= 0 && config < kNumConfigs) {
-    if (a_type == DType::kS8 && b_type == DType::kS8) fn = Lookup<int8_t, int8_t>(config, cfgs);
-    else if (a_type == DType::kE4M3 && b_type == DType::kE4M3) fn = Lookup<E4, E4>(config, cfgs);
-    else if (a_type == DType::kE4M3 && b_type == DType::kE5M2) fn = Lookup<E4, E5>(config, cfgs);
-    else if (a_type == DType::kE5M2 && b_type == DType::kE4M3) fn = Lookup<E5, E4>(config, cfgs);
-  }
+  const int pair = NarrowPair(a_type, b_type);
+  const void* fn = pair >= 0 && config >= 0 && config < kNumConfigs
+                       ? Lookup(pair, config, cfgs) : nullptr;
   if (!fn) return "no narrow kernel for config " + ConfigNames()[config] + " and these operand types";
   const auto [threads, smem] = Shape(config, cfgs);
-  const int pair = a_type == DType::kS8 ? 0 : a_type == DType::kE5M2 ? 1 : b_type == DType::kE5M2 ? 2 : 3;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
   if (std::string err = RaiseSmemLimit(fn, smem, g_smem_done[config][pair], device);
       !err.empty())
     return err;
