@@ -38,8 +38,10 @@ def _plan_narrow(m, n, k, kind, cc, batch, transpose_b):
             default=None)
     if c is None:
         return None
-    blocks, k_tiles, s = -(-n // c.bn) * batch, -(-k // 128), 1
-    while 2 * s <= configs.MAX_SPLIT_K and 2 * s * blocks <= NARROW_BLOCKS and k_tiles >= 2 * s * c.warps_k:
+    # (a k tile is 2 BK 8-bit k: KTileElems in C++)
+    blocks, k_tiles, s = -(-n // c.bn) * batch, -(-k // (2 * c.bk)), 1
+    while (2 * s <= configs.MAX_SPLIT_K and 2 * s * blocks <= NARROW_BLOCKS
+           and k_tiles >= 2 * s * c.warps_k):
         s *= 2
     return c.name, s
 
@@ -64,5 +66,5 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
         return narrow
     sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
     return configs.plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
-                      lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,
-                      block_scales=block_scales, sm80=sm80)
+                             lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,
+                             block_scales=block_scales, sm80=sm80)
