@@ -151,11 +151,15 @@ _SM90_SLICE = 2e-6
 # area), H100 (benchmarks/NOTES.md v32). A ping-pong row (c.pingpong) runs one warpgroup's
 # epilogue under the other's main loop: only a block's last tile shows it.
 _EPI_TILE_SM90 = 15e-6
-# The fp8-only rows (three consumer warpgroups; planned for fp8 products only): rate against
+# The fp8-only rows (planned for fp8 products only), by consumer warpgroups: rate against
 # 128x256's on fp8, whose two warpgroups each wait for every promoted piece of a k tile and add
-# it into float32 while only the other's piece runs (H200, 8192^3 in the same harness: 1.03-1.11x
-# per-tensor, 1.02-1.09x with block scales; benchmarks/NOTES.md v41).
-_RATE_FP8_ONLY = 1.04
+# it into float32 while only the other's piece runs. Three (192x128): 1.03-1.11x per-tensor,
+# 1.02-1.09x with block scales (H200, 8192^3 in the same harness; benchmarks/NOTES.md v41),
+# 1.04-1.17x per area of tile on 5 shapes of v70. Two (128x128, whose warpgroups issue a k
+# tile's piece before adding the last one): 0.92-0.97 of 192x128's per area of tile on 9
+# shapes, 0.85-0.89 with block scales (v70).
+_RATE_FP8_ONLY = {3: 1.12, 2: 1.06}
+_RATE_FP8_ONLY_BLOCK = {3: 1.0, 2: 0.92}  # with block scales, times the row's per-tensor rate
 # fp8 products with block scales on a row whose consumers load the scales from global memory
 # (not Config.staged_scales): the main loop's rate against the same row's with per-tensor
 # scales. Measured (H200, 128x256, whole product): 0.71 at 8192^3 and 4096 x 7168 x 16384,
@@ -170,12 +174,13 @@ def _rate(c: Config, resident: int, refit: bool = True) -> float:
     tiles: 1, 32x32: about half), smaller block tiles more global and L2 traffic (128x128:
     0.875 of 128x256; H100, 8192^3: 422 vs 484 TFLOP/s), fewer than 8 warps per SM hide less
     latency. sm90 rows: 1.0 for 128x256 and 256x128, 0.78 for 128x128 (H100, single launches
-    before v15; `refit`: _RATE_SM90_128X128), 0.56 for 64x128; fp8-only rows _RATE_FP8_ONLY."""
+    before v15; `refit`: _RATE_SM90_128X128), 0.56 for 64x128; fp8-only rows _RATE_FP8_ONLY (by
+    consumer warpgroups)."""
     intensity = c.bm * c.bn / (c.bm + c.bn) / (256 * 128 / 384)  # 1 for 128x256 and 256x128
     if c.pingpong:  # H100, 8192x16384x4096 bf16, harness: 0.91-1.02 of 128x256's rate (v32)
         return 0.97
     if c.fp8_only:
-        return _RATE_FP8_ONLY
+        return _RATE_FP8_ONLY[c.consumers]
     if c.kind == "sm90":
         if refit and c.bm * c.bn == 128 * 128:
             return _RATE_SM90_128X128
@@ -187,6 +192,13 @@ def _rate(c: Config, resident: int, refit: bool = True) -> float:
     # 32's 4), though faster on skinny products, where the per-k-tile latency term decides.
     return (min(1.0, 0.6 + 0.4 * warp_tile / 4096) * (1.0 if full else _FEW_WARPS)
             * (0.5 + 0.5 * min(1.0, intensity)) * (0.97 if c.bk >= 64 else 1.0))
+
+
+def _block_rate(c: Config) -> float:
+    """fp8 block scales: the main loop's rate against the same row's with per-tensor scales."""
+    if not c.staged_scales:
+        return _RATE_BLOCK_LOADS
+    return _RATE_FP8_ONLY_BLOCK[c.consumers] if c.fp8_only else 1.0
 
 
 def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
@@ -217,8 +229,7 @@ def estimate(c: Config, s: int, m: int, n: int, k: int, batch: int = 1,
     concurrent = min(blocks, slots)
     resident = min(bps, math.ceil(concurrent / SMS))
     peak = _PEAK_SM90 if hopper else _PEAK
-    rate = _rate(c, resident, refit) * (_RATE_BLOCK_LOADS if block_scales and not c.staged_scales
-                                        else 1)
+    rate = _rate(c, resident, refit) * (_block_rate(c) if block_scales else 1)
     t_mma = 2 * c.bm * c.bn * c.bk * resident / (peak / SMS * rate)
     stage_bytes = (min(c.bm, m) + min(c.bn, n)) * c.bk * elem_bytes  # rows past M, N: no reads
     t_tile = max(t_mma, _LATENCY / (c.stages - 1),

@@ -52,9 +52,10 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     int8 dot_general, K-major operands), or None where no 8-bit kernel runs (K not a multiple
     of 16; fp8 off compute capability 9.0, int8 below 8.0; an empty product). Among the rows
     with 8-bit kernels of that kind and the K slices byte_splits allows, the cost model's pick:
-    on 9.0 the sm90 rows (fp8: the fp8-only row on large squares, where its third warpgroup
-    hides the promotion's waits, 128x256 where fewer waves decide: NOTES v41; `block_scales`:
-    rows that stage them where they win: v43); int8 elsewhere, and on 9.0 up to
+    on 9.0 the sm90 rows (fp8: the fp8-only rows, three consumer warpgroups on large squares,
+    where the third hides the promotion's waits, two where their smaller tile fills the waves
+    better: NOTES v41, v70; `block_scales`: rows that stage them where they win: v43); int8
+    elsewhere, and on 9.0 up to
     INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to NARROW_MAX_M rows the
     narrow rows. `batch`: items of M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
     if min(m, n, k, batch) <= 0:

@@ -592,10 +592,15 @@ def test_plan_byte():
             assert row.kind == "sm80" and row.int8, (arch, shape, name)
             assert split in plan8.byte_splits(row.tiles(*shape[:2]), shape[2])
     # fp8 on large squares: the three-consumer fp8-only row; where it would need more waves
-    # (4096 x 7168: 10 against 7), 128x256; int8 never on an fp8-only row
+    # (4096 x 7168: 10 against 14 of the smaller tile), the two-consumer one, which overlaps
+    # its pieces, except with block scales; int8 never on an fp8-only row
     fp8_only = {c.name for c in configs.CONFIGS if c.fp8_only}
-    assert fp8_only and plan8.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0))[0] in fp8_only
-    assert plan8.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == ("sm90_128x256x64_s4_g2", 1)
+    g3, g2 = "sm90_192x128x64_s4_g3_f8", "sm90_128x128x64_s5_g2_f8"
+    assert {g3, g2} <= fp8_only
+    for bs in (False, True):
+        assert plan8.plan_byte(8192, 8192, 8192, "fp8", arch=(9, 0), block_scales=bs) == (g3, 1)
+    assert plan8.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0)) == (g2, 1)
+    assert plan8.plan_byte(4096, 7168, 16384, "fp8", arch=(9, 0), block_scales=True) == (g3, 1)
     assert plan8.plan_byte(8192, 8192, 8192, "int8", arch=(9, 0))[0] not in fp8_only
     # decode-sized M: 32 column tiles of 128 leave SMs idle, so K is split (byte_splits); the
     # slices stay within twice the SMs and at least BYTE_MIN_SLICE_K of K each
