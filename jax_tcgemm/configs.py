@@ -157,7 +157,7 @@ _EPI_TILE_SM90 = 15e-6
 # 1.02-1.09x with block scales (H200, 8192^3 in the same harness; benchmarks/NOTES.md v41),
 # 1.04-1.17x per area of tile on 5 shapes of v70. Two (128x128, whose warpgroups issue a k
 # tile's piece before adding the last one): 0.92-0.97 of 192x128's per area of tile on 9
-# shapes, 0.85-0.89 with block scales (v70).
+# shapes; with block scales 0.85-0.89 of 192x128's, about 0.92 of its own per-tensor rate (v70).
 _RATE_FP8_ONLY = {3: 1.12, 2: 1.06}
 _RATE_FP8_ONLY_BLOCK = {3: 1.0, 2: 0.92}  # with block scales, times the row's per-tensor rate
 # fp8 products with block scales on a row whose consumers load the scales from global memory
