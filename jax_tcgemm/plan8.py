@@ -55,9 +55,8 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     on 9.0 the sm90 rows (fp8: the fp8-only rows, three consumer warpgroups on large squares,
     where the third hides the promotion's waits, two where their smaller tile fills the waves
     better: NOTES v41, v70; `block_scales`: rows that stage them where they win: v43); int8
-    elsewhere, and on 9.0 up to
-    INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to NARROW_MAX_M rows the
-    narrow rows. `batch`: items of M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
+    elsewhere, and on 9.0 up to INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to
+    NARROW_MAX_M rows the narrow rows. `batch`: items of M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
     if min(m, n, k, batch) <= 0:
         return None
     if arch == "device":
