@@ -24,6 +24,18 @@ inline constexpr int DTypeBytes(DType t) {
 inline constexpr bool IsByteOperand(DType t) {
   return t == DType::kE4M3 || t == DType::kE5M2 || t == DType::kS8;
 }
+// The 8-bit operand pairs the kernels take, by index: int8 x int8, then the fp8 pairs e4m3 x e4m3,
+// e4m3 x e5m2 and e5m2 x e4m3 (e5m2 x e5m2 is not a form of ours), or -1. The one rule that the
+// FFI's check and every 8-bit kernel family's tables follow (with_byte_pair, element.cuh).
+inline constexpr int kNumBytePairs = 4;
+inline constexpr int BytePair(DType a, DType b) {
+  using D = DType;
+  return a == D::kS8 && b == D::kS8       ? 0
+         : a == D::kE4M3 && b == D::kE4M3 ? 1
+         : a == D::kE4M3 && b == D::kE5M2 ? 2
+         : a == D::kE5M2 && b == D::kE4M3 ? 3
+                                          : -1;
+}
 // Operand types the kernels read K-major only: the 8-bit types and float32 (TF32), on the sm90
 // kernels (int8 also on the sm80 rows).
 inline constexpr bool KMajorOnly(DType t) { return IsByteOperand(t) || t == DType::kF32; }

@@ -164,10 +164,7 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const ffi::DataType at = a.element_type(), bt = b.element_type(), ct = c->element_type();
   const std::optional<DType> ta = ToAnyDType(at), tb = ToAnyDType(bt);
   const bool wide = at == bt && (at == ffi::DataType::F16 || at == ffi::DataType::BF16);
-  // 8-bit: int8 x int8, or an fp8 pair other than e5m2 x e5m2 (not a form of ours)
-  const bool byte = ta && tb && IsByteOperand(*ta) && IsByteOperand(*tb) &&
-                    (*ta == DType::kS8) == (*tb == DType::kS8) &&
-                    !(*ta == DType::kE5M2 && *tb == DType::kE5M2);
+  const bool byte = ta && tb && BytePair(*ta, *tb) >= 0;  // an 8-bit pair of ours
   const bool tf32 = at == ffi::DataType::F32 && bt == ffi::DataType::F32;  // read as TF32
   if (!wide && !byte && !tf32)
     return Invalid(std::string("operands must be float16 x float16, bfloat16 x bfloat16, "

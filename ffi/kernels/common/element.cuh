@@ -104,4 +104,16 @@ __host__ __device__ __forceinline__ void with_byte_operand(DType t, F&& f) {
   }
 }
 
+// Calls f(TA{}, TB{}) with the CUDA types of 8-bit operand pair `pair` (BytePair's index).
+template <typename F>
+__host__ __device__ __forceinline__ void with_byte_pair(int pair, F&& f) {
+  switch (pair) {
+    case 0: f(int8_t{}, int8_t{}); break;
+    case 1: f(__nv_fp8_e4m3{}, __nv_fp8_e4m3{}); break;
+    case 2: f(__nv_fp8_e4m3{}, __nv_fp8_e5m2{}); break;
+    case 3: f(__nv_fp8_e5m2{}, __nv_fp8_e4m3{}); break;
+    default: break;
+  }
+}
+
 }  // namespace tcgemm

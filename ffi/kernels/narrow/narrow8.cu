@@ -293,25 +293,11 @@ const void* NarrowKernel() {
   else return nullptr;
 }
 
-// The kernels of the operand pairs, in NarrowPair order, for each config (nullptr: not narrow).
-template <int... CFGs>
-const void* Lookup(int pair, int config, std::integer_sequence<int, CFGs...>) {
-  using E4 = __nv_fp8_e4m3;
-  using E5 = __nv_fp8_e5m2;
-  static const void* const table[4][kNumConfigs] = {
-      {NarrowKernel<int8_t, int8_t, CFGs>()...}, {NarrowKernel<E4, E4, CFGs>()...},
-      {NarrowKernel<E4, E5, CFGs>()...}, {NarrowKernel<E5, E4, CFGs>()...}};
-  return table[pair][config];
-}
-
-// The index of an operand pair (int8, e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3), or -1.
-int NarrowPair(DType a, DType b) {
-  using D = DType;
-  if (a == D::kS8 && b == D::kS8) return 0;
-  if (a == D::kE4M3 && b == D::kE4M3) return 1;
-  if (a == D::kE4M3 && b == D::kE5M2) return 2;
-  if (a == D::kE5M2 && b == D::kE4M3) return 3;
-  return -1;
+// The kernels of operand pair (TA, TB), one per config (nullptr: not narrow).
+template <typename TA, typename TB, int... CFGs>
+const void* Lookup(int config, std::integer_sequence<int, CFGs...>) {
+  static const void* const table[] = {NarrowKernel<TA, TB, CFGs>()...};
+  return table[config];
 }
 
 template <int CFG>
@@ -328,17 +314,23 @@ std::pair<int, int> Shape(int config, std::integer_sequence<int, CFGs...>) {
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize set, per (config, operand types), one bit per
 // device (RaiseSmemLimit).
-std::atomic<uint64_t> g_smem_done[kNumConfigs][4];
+std::atomic<uint64_t> g_smem_done[kNumConfigs][kNumBytePairs];
 
 }  // namespace
 
 std::string LaunchNarrow(const GemmParams& p, int config, InType a_type, InType b_type,
                          int device, cudaStream_t stream) {
   const auto cfgs = std::make_integer_sequence<int, kNumConfigs>{};
-  const int pair = NarrowPair(a_type, b_type);
-  const void* fn = pair >= 0 && config >= 0 && config < kNumConfigs
-                       ? Lookup(pair, config, cfgs) : nullptr;
-  if (!fn) return "no narrow kernel for config " + ConfigNames()[config] + " and these operand types";
+  const int pair = BytePair(a_type, b_type);
+  const void* fn = nullptr;
+  if (config >= 0 && config < kNumConfigs)
+    with_byte_pair(pair, [&](auto ta, auto tb) {
+      fn = Lookup<decltype(ta), decltype(tb)>(config, cfgs);
+    });
+  if (!fn)
+    return "no narrow kernel for config " +
+           (config >= 0 && config < kNumConfigs ? ConfigNames()[config] : std::to_string(config)) +
+           " and these operand types";
   const auto [threads, smem] = Shape(config, cfgs);
   if (std::string err = RaiseSmemLimit(fn, smem, g_smem_done[config][pair], device);
       !err.empty())

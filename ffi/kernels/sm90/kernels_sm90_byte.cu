@@ -32,14 +32,12 @@ Sm90Entry Lookup(int config, std::integer_sequence<int, CFGs...>) {
 
 Sm90Entry Sm90ByteEntry(int config, DType a, DType b) {
   const auto cfgs = std::make_integer_sequence<int, kNumConfigs>{};
-  using E4 = __nv_fp8_e4m3;
-  using E5 = __nv_fp8_e5m2;
-  if (config < 0 || config >= kNumConfigs) return {};
-  if (a == DType::kS8 && b == DType::kS8) return Lookup<int8_t, int8_t>(config, cfgs);
-  if (a == DType::kE4M3 && b == DType::kE4M3) return Lookup<E4, E4>(config, cfgs);
-  if (a == DType::kE4M3 && b == DType::kE5M2) return Lookup<E4, E5>(config, cfgs);
-  if (a == DType::kE5M2 && b == DType::kE4M3) return Lookup<E5, E4>(config, cfgs);
-  return {};
+  Sm90Entry entry{};
+  if (config < 0 || config >= kNumConfigs) return entry;
+  with_byte_pair(BytePair(a, b), [&](auto ta, auto tb) {
+    entry = Lookup<decltype(ta), decltype(tb)>(config, cfgs);
+  });
+  return entry;
 }
 
 }  // namespace tcgemm
