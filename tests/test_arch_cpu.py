@@ -331,8 +331,8 @@ def test_refit_plans_on_hopper():
     assert configs.plan(6000, 6000, 6000, arch=(9, 0)) == (g2, 1)
     assert configs.plan(256, 11008, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
     assert configs.plan(1024, 4096, 4096, arch=(9, 0), epilogue=True) == (p2, 1)
-    assert plan8.plan_byte(128, 7168, 16384, "fp8", (9, 0), block_scales=True) == (
-        "sm90_128x128x64_s5_g2_f8", 2)  # the 8-bit plans' own rates (v70)
+    assert plan8.plan_byte(128, 4096, 14336, "fp8", (9, 0), block_scales=True) == (
+        "sm90_128x128x64_s5_g2_f8", 4)  # the 8-bit plans' own rates (v70)
     assert configs.plan_f32(128, 4096, 12288, arch=(9, 0), epilogue=True) == (
         "sm90_64x128x64_s8_g1", 2)
 

@@ -76,12 +76,36 @@ def test_block_scales_plan_on_staging_rows():
         for bs in (False, True):
             assert plan8.plan_byte(*shape, "fp8", arch=(9, 0), block_scales=bs)[0] in staged
     # the two-consumer row's block-scale rate (0.92 of its own) keeps llm's block product on
-    # the three-consumer row; at M = 128 it takes both forms in 2 K slices (measured 9% / 21%
-    # faster than 128x256 in 4: benchmarks/NOTES.md v70)
+    # the three-consumer row; at M = 128 it takes the block form in 2 K slices (21% faster
+    # than 128x256 in 4: benchmarks/NOTES.md v70), while per-tensor scales run on 64x128,
+    # whose 112 tiles fill one wave (plan8.ONE_WAVE_FILL; 11-13% faster: v73)
     assert plan8.plan_byte(*llm, "fp8", arch=(9, 0)) == (g2, 1)
     assert plan8.plan_byte(*llm, "fp8", arch=(9, 0), block_scales=True) == (g3, 1)
-    assert (plan8.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True)
-            == plan8.plan_byte(*m128, "fp8", arch=(9, 0)) == (g2, 2))
+    assert plan8.plan_byte(*m128, "fp8", arch=(9, 0), block_scales=True) == (g2, 2)
+    assert plan8.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
+
+
+def test_fp8_one_wave_on_the_smallest_row():
+    """fp8 with per-tensor scales of at most ONE_WAVE_MAX_M rows whose 64x128 tiles fill one
+    wave of the SMs from ONE_WAVE_FILL plans on that row in one slice (both b layouts, the
+    batch counted in the tiles; benchmarks/NOTES.md v73); with block scales, below the fill,
+    past one wave or past ONE_WAVE_MAX_M rows the cost model's plan stands."""
+    small = min((c for c in configs.CONFIGS if c.kind == "sm90" and c.fp8),
+                key=lambda c: c.bm * c.bn)
+    assert (small.bm, small.bn) == (64, 128)
+    for m, n, k, batch in ((128, 8192, 8192, 1), (160, 4096, 4096, 1), (384, 2048, 7168, 1),
+                           (96, 2048, 4096, 4), (512, 2048, 7168, 1)):
+        for tb in (False, True):
+            assert plan8.plan_byte(m, n, k, "fp8", arch=(9, 0), batch=batch,
+                                   transpose_b=tb) == (small.name, 1), (m, n, k, batch, tb)
+    assert plan8.plan_byte(192, 4096, 14336, "fp8", arch=(9, 0)) == (small.name, 1)
+    assert plan8.plan_byte(192, 4096, 14336, "fp8", arch=(9, 0), block_scales=True) != (
+        small.name, 1)
+    for m, n, k in ((128, 4096, 4096), (320, 28672, 4096), (600, 2048, 7168)):
+        fill = small.tiles(m, n) / configs.SMS
+        assert m > plan8.ONE_WAVE_MAX_M or not plan8.ONE_WAVE_FILL <= fill <= 1
+        assert plan8.plan_byte(m, n, k, "fp8", arch=(9, 0)) != (small.name, 1), (m, n, k)
+    assert plan8.plan_byte(128, 8192, 8192, "fp8", arch=(8, 9)) is None  # no fp8 kernel there
 
 
 @pytest.mark.parametrize("shape", [(40, 200, 1024), (16, 4096, 4096), (300, 1000, 784)])
