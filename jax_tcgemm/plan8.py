@@ -46,22 +46,23 @@ def _plan_narrow(m, n, k, kind, cc, batch, transpose_b):
     return c.name, s
 
 
-# fp8 products with per-tensor (or per-row / per-column) scales of at most ONE_WAVE_MAX_M rows
-# whose tiles on the smallest fp8 row (64x128) fill one wave of the SMs to at least
-# ONE_WAVE_FILL run there in one slice: the cost model would split the larger rows' fewer
-# tiles, and those slices lose to 64x128's one wave by 5-22% (128 x 8192^2, 128 x 7168 x 16384,
-# 160 x 4096^2, 384 x 2048 x 7168; within 2% at 192 x 4096 x 14336 and 256 x 4096 x 14336;
-# H200, NOTES v73). Below that fill 64x128 in one slice leaves SMs idle (128 x 4096^2: 64
-# tiles, 5% slower than 2 slices); past one wave the larger rows win (320 x 28672 x 4096: 64x128
-# 0.9 of 192x128). Not with block scales: 64x128 runs them at 0.75-0.92 of its per-tensor rate
-# at these shapes, 15% behind the plan at 192 x 4096 x 14336.
+# 8-bit products on the sm90 rows (fp8 with per-tensor, per-row or per-column scales; int8) of
+# at most ONE_WAVE_MAX_M rows whose tiles on the smallest 8-bit row (64x128) fill one wave of the
+# SMs to at least ONE_WAVE_FILL run there in one slice: the cost model would split the larger
+# rows' fewer tiles, and those slices lose to 64x128's one wave (H200, NOTES v73): fp8 by 5-22%
+# (128 x 8192^2, 128 x 7168 x 16384, 160 x 4096^2, 384 x 2048 x 7168; within 2% at
+# 192 x 4096 x 14336 and 256 x 4096 x 14336), int8 by 6-26% (7 shapes, M = 80-448). Below that
+# fill 64x128 in one slice leaves SMs idle (fp8 128 x 4096^2: 64 tiles, 5% slower than 2
+# slices); past one wave the larger rows win (fp8 320 x 28672 x 4096: 64x128 0.9 of 192x128).
+# Not with block scales: 64x128 runs them at 0.75-0.92 of its per-tensor rate at these shapes,
+# 15% behind the plan at 192 x 4096 x 14336.
 ONE_WAVE_FILL = 0.7
 ONE_WAVE_MAX_M = 512
 
 
-def _plan_one_wave(m, n, batch):
-    c = min((c for c in configs.CONFIGS if c.kind == "sm90" and c.fp8), key=lambda c: c.bm * c.bn,
-            default=None)
+def _plan_one_wave(m, n, kind, batch):
+    c = min((c for c in configs.CONFIGS if c.kind == "sm90" and getattr(c, kind)),
+            key=lambda c: c.bm * c.bn, default=None)
     if c is None or m > ONE_WAVE_MAX_M:
         return None
     fill = c.tiles(m, n) * batch / configs.SMS
@@ -76,11 +77,11 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
     with 8-bit kernels of that kind and the K slices byte_splits allows, the cost model's pick:
     on 9.0 the sm90 rows (fp8: the fp8-only rows, three consumer warpgroups on large squares,
     where the third hides the promotion's waits, two where their smaller tile fills the waves
-    better: NOTES v41, v70; `block_scales`: rows that stage them where they win: v43; with
-    per-tensor scales, up to ONE_WAVE_MAX_M rows whose 64x128 tiles fill one wave: that row in
-    one slice, v73); int8 elsewhere, and on 9.0 up to INT8_SM80_MAX_M rows, the sm80 rows
-    (mma.sync m16n8k32); up to NARROW_MAX_M rows the narrow rows. `batch`: items of M x N
-    each; `transpose_b`: b stored (N, K), else (K, N)."""
+    better: NOTES v41, v70; `block_scales`: rows that stage them where they win: v43); int8
+    elsewhere, and on 9.0 up to INT8_SM80_MAX_M rows, the sm80 rows (mma.sync m16n8k32); up to
+    NARROW_MAX_M rows the narrow rows; on the sm90 rows, up to ONE_WAVE_MAX_M rows whose 64x128
+    tiles fill one wave, without block scales: that row in one slice (v73). `batch`: items of
+    M x N each; `transpose_b`: b stored (N, K), else (K, N)."""
     if min(m, n, k, batch) <= 0:
         return None
     if arch == "device":
@@ -89,8 +90,8 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
             m, n, k, kind, None if arch is None else tuple(arch[:2]), batch, transpose_b)):
         return narrow
     sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
-    if (kind == "fp8" and not block_scales and k % 16 == 0 and tuple(arch or ())[:2] == (9, 0)
-            and (one := _plan_one_wave(m, n, batch))):
+    if (not sm80 and not block_scales and k % 16 == 0 and tuple(arch or ())[:2] == (9, 0)
+            and (one := _plan_one_wave(m, n, kind, batch))):
         return one
     return configs.plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
                              lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,

@@ -85,19 +85,22 @@ def test_block_scales_plan_on_staging_rows():
     assert plan8.plan_byte(*m128, "fp8", arch=(9, 0)) == ("sm90_64x128x64_s8_g1", 1)
 
 
-def test_fp8_one_wave_on_the_smallest_row():
-    """fp8 with per-tensor scales of at most ONE_WAVE_MAX_M rows whose 64x128 tiles fill one
-    wave of the SMs from ONE_WAVE_FILL plans on that row in one slice (both b layouts, the
-    batch counted in the tiles; benchmarks/NOTES.md v73); with block scales, below the fill,
-    past one wave or past ONE_WAVE_MAX_M rows the cost model's plan stands."""
-    small = min((c for c in configs.CONFIGS if c.kind == "sm90" and c.fp8),
+def test_8bit_one_wave_on_the_smallest_row():
+    """8-bit products on the sm90 rows (fp8 without block scales, int8) of at most
+    ONE_WAVE_MAX_M rows whose 64x128 tiles fill one wave of the SMs from ONE_WAVE_FILL plan on
+    that row in one slice (both b layouts, the batch counted in the tiles; benchmarks/NOTES.md
+    v73); with block scales, below the fill, past one wave, past ONE_WAVE_MAX_M rows or on the
+    sm80 rows (int8 up to INT8_SM80_MAX_M rows) the plan stands."""
+    small = min((c for c in configs.CONFIGS if c.kind == "sm90" and c.fp8 and c.int8),
                 key=lambda c: c.bm * c.bn)
     assert (small.bm, small.bn) == (64, 128)
     for m, n, k, batch in ((128, 8192, 8192, 1), (160, 4096, 4096, 1), (384, 2048, 7168, 1),
-                           (96, 2048, 4096, 4), (512, 2048, 7168, 1)):
-        for tb in (False, True):
-            assert plan8.plan_byte(m, n, k, "fp8", arch=(9, 0), batch=batch,
-                                   transpose_b=tb) == (small.name, 1), (m, n, k, batch, tb)
+                           (96, 2048, 4096, 4), (512, 2048, 7168, 1), (128, 7168, 16384, 1),
+                           (448, 2048, 14336, 1)):
+        for kind in ("fp8", "int8"):
+            for tb in (False, True):
+                assert plan8.plan_byte(m, n, k, kind, arch=(9, 0), batch=batch,
+                                       transpose_b=tb) == (small.name, 1), (m, n, k, kind, tb)
     assert plan8.plan_byte(192, 4096, 14336, "fp8", arch=(9, 0)) == (small.name, 1)
     assert plan8.plan_byte(192, 4096, 14336, "fp8", arch=(9, 0), block_scales=True) != (
         small.name, 1)
@@ -105,7 +108,11 @@ def test_fp8_one_wave_on_the_smallest_row():
         fill = small.tiles(m, n) / configs.SMS
         assert m > plan8.ONE_WAVE_MAX_M or not plan8.ONE_WAVE_FILL <= fill <= 1
         assert plan8.plan_byte(m, n, k, "fp8", arch=(9, 0)) != (small.name, 1), (m, n, k)
+    # 16 x 14336 fills the wave too, but int8 of so few rows runs on the sm80 rows
+    row = plan8.plan_byte(16, 14336, 4096, "int8", arch=(9, 0))[0]
+    assert configs.BY_NAME[row].kind == "sm80"
     assert plan8.plan_byte(128, 8192, 8192, "fp8", arch=(8, 9)) is None  # no fp8 kernel there
+    assert configs.BY_NAME[plan8.plan_byte(128, 8192, 8192, "int8", arch=(8, 9))[0]].kind == "sm80"
 
 
 @pytest.mark.parametrize("shape", [(40, 200, 1024), (16, 4096, 4096), (300, 1000, 784)])
