@@ -90,9 +90,9 @@ def plan_byte(m: int, n: int, k: int, kind: str, arch: tuple[int, ...] | None = 
             m, n, k, kind, None if arch is None else tuple(arch[:2]), batch, transpose_b)):
         return narrow
     sm80 = kind == "int8" and (tuple(arch or ())[:2] != (9, 0) or m <= INT8_SM80_MAX_M)
-    if (not sm80 and not block_scales and k % 16 == 0 and tuple(arch or ())[:2] == (9, 0)
-            and (one := _plan_one_wave(m, n, kind, batch))):
-        return one
-    return configs.plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
+    plan = configs.plan_rows(m, n, k, batch, lambda c: getattr(c, kind), 16, arch,
                              lambda c: byte_splits(c.tiles(m, n) * batch, k), elem_bytes=1,
                              block_scales=block_scales, sm80=sm80)
+    if plan and not sm80 and not block_scales and (one := _plan_one_wave(m, n, kind, batch)):
+        return one  # (plan_rows has checked the compute capability and K)
+    return plan
