@@ -246,7 +246,7 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
     vs_jnp = max(timing.rel_fro(x, y) for x, y in  # whole outputs: every tile written
                  zip(jax.tree.leaves(first["tcgemm"]), jax.tree.leaves(first["jnp"])))
     del first
-    med = timing.medians(time_fns(fns, (a_list, *shared), reps))
+    med, blocking = timing.time_sides(fns, (a_list, *shared), reps)
     tf = {side: r * case.flops / med[side] / 1e12 for side in med}
     err, jnp_err = errs["tcgemm"][0], errs["jnp"][0]
     tol = tolerance(case, jnp_err)
@@ -254,7 +254,8 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
                ratio=round(tf["tcgemm"] / tf["jnp"], 4), rel_err=_sig(err),
                jnp_rel_err=_sig(jnp_err), vs_jnp=_sig(vs_jnp),
                err_ok=bool(err <= tol and vs_jnp <= 2 * tol),
-               tcgemm_ms=_sig(med["tcgemm"] * 1e3, 4), jnp_ms=_sig(med["jnp"] * 1e3, 4))
+               tcgemm_ms=_sig(med["tcgemm"] * 1e3, 4), jnp_ms=_sig(med["jnp"] * 1e3, 4),
+               **timing.blocking_fields(blocking, _sig))
     if "dot" in tf:
         row.update(dot_tflops=_sig(tf["dot"], 4), dot_ms=_sig(med["dot"] * 1e3, 4),
                    vs_dot=round(tf["tcgemm"] / tf["dot"], 4),
@@ -507,8 +508,7 @@ def main(argv=None) -> int:
                         f"R*FLOP ~ {TARGET_FLOP / 1e12:g} TFLOP, 1<=R<={MAX_R}, R*(A+C) "
                         f"<= {MEM_FRAC_R:.0%} device memory), outputs returned as a tuple"
                         f"{'' if args.no_barrier else ', optimization_barrier per product'}; "
-                        f"2 warm-up calls, {args.reps} timed calls per side interleaved, "
-                        "perf_counter around call+block_until_ready, median"))
+                        + timing.method(args.reps)))
     print(f"device: {dev.device_kind}  jax {jax.__version__}  commit {meta['commit'][:12]}"
           f"{' (dirty)' if meta['dirty'] else ''}  memory limit "
           f"{'unknown' if not mem_limit else f'{mem_limit / 2**30:.1f} GiB'}  reps {args.reps}")

@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench_suites
+from . import bench_suites, timing
 
 # name, M, N, K, precision (a lax precision name or a DotAlgorithmPreset name), layout of b
 ROWS = (
@@ -158,6 +158,6 @@ def run(args, argv=None) -> int:
     no_barrier)."""
     harness = ("per side one jit of R independent products (R distinct a, shared b"
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
-               "tcgemm (tg.dot_general) and jnp (lax.dot_general, same precision); 2 warm-up "
-               f"calls, {args.reps} timed calls per side interleaved, median")
+               "tcgemm (tg.dot_general) and jnp (lax.dot_general, same precision); "
+               + timing.method(args.reps))
     return bench_suites.run_two_sided(args, argv, cases(), "f32", harness, HEADER, run_case, format_row)

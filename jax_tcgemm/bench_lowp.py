@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from . import bench_suites
+from . import bench_suites, timing
 
 # name, M, N, K, kind ("fp8", "fp8_block", "int8", "w8a8"), layout of b: "NN" (K, N), what
 # jnp.dot takes (both sides transpose it for the K-major tensor cores: ours by its copy kernel
@@ -203,7 +203,6 @@ def run(args, argv=None) -> int:
     harness = ("per side one jit of R independent products (R distinct a, shared b and scales"
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
                "tcgemm (tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, "
-               f"dequantise-then-dot); 2 warm-up calls, {args.reps} timed calls per side "
-               "interleaved, median")
+               f"dequantise-then-dot); " + timing.method(args.reps))
     return bench_suites.run_two_sided(args, argv, cases(), "lowp", harness, HEADER, run_case,
                                format_row)

@@ -208,7 +208,7 @@ def run_case(case: RaggedCase, reps: int = 9, mem_limit: int | None = None,
     else:
         errs = _mlp_errors(case, firsts, x[0], shared)
     del firsts
-    med = timing.medians(timing.time_fns(fns, (x, *shared), reps))
+    med, blocking = timing.time_sides(fns, (x, *shared), reps)
     tf = {side: r * case.flops / med[side] / 1e12 for side in med}
     sig = bench._sig
     tol = max([1e-2 if case.op == "fwd_bwd" else bench.ERR_TOL[case.dtype]]
@@ -220,7 +220,8 @@ def run_case(case: RaggedCase, reps: int = 9, mem_limit: int | None = None,
                vs_dense=round(tf["tcgemm"] / tf["dense"], 4) if "dense" in tf else None,
                rel_err=sig(errs["tcgemm"]), jnp_rel_err=sig(errs["jnp"]) if "jnp" in errs
                else None, err_ok=bool(errs["tcgemm"] <= tol),
-               **{f"{side}_ms": sig(med[side] * 1e3, 4) for side in med})
+               **{f"{side}_ms": sig(med[side] * 1e3, 4) for side in med},
+               **timing.blocking_fields(blocking, sig))
     return row
 
 
@@ -261,8 +262,7 @@ def run(args, argv=None) -> int:
                "and group sizes"
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
                "tcgemm (tg.ragged_dot / ragged_gemm), jnp (lax.ragged_dot) and dense (batched "
-               "(G, M/G, K) x (G, K, N), equal FLOPs); "
-               f"2 warm-up calls, {args.reps} timed calls per side interleaved, median")
+               "(G, M/G, K) x (G, K, N), equal FLOPs); " + timing.method(args.reps))
 
     def summary(rows):
         ratio, dense = (bench.geomean([r.get(f) for r in rows]) for f in ("ratio", "vs_dense"))

@@ -77,16 +77,17 @@ def first_two_sides(case, ops: dict, operands, mem_limit, barrier: bool, err_row
 
 def time_two_sides(fns: dict, args: tuple, reps: int, r: int, flops: int, errs: dict,
                    tol: float) -> dict:
-    """Times the sides {name: jitted fn} interleaved (timing.time_fns, medians) and returns the
+    """Times the sides {name: jitted fn} interleaved (timing.time_sides) and returns the
     row fields: rates (r products of `flops` each per call), ratio, errors, err_ok (ours within
     tol), per-side milliseconds."""
-    med = timing.medians(timing.time_fns(fns, args, reps))
+    med, blocking = timing.time_sides(fns, args, reps)
     tf = {side: r * flops / med[side] / 1e12 for side in med}
     return dict(r=r, reps=reps, tcgemm_tflops=_sig(tf["tcgemm"], 4),
                 jnp_tflops=_sig(tf["jnp"], 4), ratio=round(tf["tcgemm"] / tf["jnp"], 4),
                 rel_err=_sig(errs["tcgemm"]), jnp_rel_err=_sig(errs["jnp"]),
                 err_ok=bool(errs["tcgemm"] <= tol),
-                **{f"{side}_ms": _sig(med[side] * 1e3, 4) for side in med})
+                **{f"{side}_ms": _sig(med[side] * 1e3, 4) for side in med},
+                **timing.blocking_fields(blocking, _sig))
 
 
 def run_two_sided(args, argv, cs: list, suite: str, harness: str, header: str, run_case,

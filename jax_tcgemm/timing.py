@@ -136,25 +136,74 @@ def choose_reps(flops: int, per_product_bytes: int = 0, shared_bytes: int = 0,
     return r
 
 
-def time_fns(fns: dict, args, reps: int, warmup: int = 2) -> dict:
+def time_fns(fns: dict, args, reps: int, warmup: int = 2, stream: bool = True) -> dict:
     """Seconds per call of each fn in `fns` ({name: [seconds] * reps}), the sides interleaved
-    rep by rep after `warmup` calls of each."""
+    rep by rep after `warmup` calls of each.
+
+    stream (the default): the calls run back to back, each dispatched while the one before it
+    is still on the GPU, as a program that dispatches asynchronously runs them, and a call's
+    time is the interval from the previous call's completion to its own. The GPU never waits
+    for the host, so the host's dispatch (PjRt's execute path, ~0.4 ms per call on an H200,
+    benchmarks/NOTES.md v56) is not charged to the call unless it takes longer than the call
+    itself. Without stream, each call is timed alone around call + block_until_ready, from
+    an idle GPU: the figures of the records up to v73 (NOTES), which charge both sides the
+    dispatch and so pull their ratio toward 1."""
     import jax
     for _ in range(warmup):
         for f in fns.values():
             jax.block_until_ready(f(*args))
     times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
+    order = [name for _ in range(reps) for name in fns]
+    if not stream:
+        for name in order:
             t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
+            jax.block_until_ready(fns[name](*args))
             times[name].append(time.perf_counter() - t0)
+        return times
+    # An untimed lead call (of the last side, as in the rotation) occupies the GPU while the
+    # first timed call is queued behind it; then at every step the next call is queued before
+    # the running one is waited for: two calls' outputs are alive at most.
+    running = fns[order[-1]](*args)
+    queued = fns[order[0]](*args)
+    jax.block_until_ready(running)
+    t_prev = time.perf_counter()
+    for i, name in enumerate(order):
+        running = queued
+        queued = fns[order[i + 1]](*args) if i + 1 < len(order) else None
+        jax.block_until_ready(running)
+        t = time.perf_counter()
+        times[name].append(t - t_prev)
+        t_prev = t
     return times
 
 
 def medians(times: dict) -> dict:
     """{name: median seconds} of time_fns' result."""
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def method(reps: int) -> str:
+    """The record's words for how time_sides times a row (the `harness` field's tail)."""
+    return (f"2 warm-up calls, then {reps} timed calls per side interleaved, back to back (each "
+            "queued while the previous one runs; a call's time is from the previous call's "
+            "completion to its own), median; *_ms_blocking: the same calls again, each timed "
+            "alone around call + block_until_ready")
+
+
+def time_sides(fns: dict, args, reps: int) -> tuple[dict, dict]:
+    """A bench row's timings: (stream, blocking) median seconds per call of each side. The
+    stream figures are the row's; the blocking ones (each call alone from an idle GPU) are kept
+    beside them so that the row compares with records before v74 (benchmarks/NOTES.md)."""
+    return medians(time_fns(fns, args, reps)), medians(time_fns(fns, args, reps, 0, False))
+
+
+def blocking_fields(blocking: dict, sig) -> dict:
+    """The row fields of time_sides' blocking medians: <side>_ms_blocking for each side and
+    ratio_blocking (tcgemm's rate over jnp's), `sig` rounding the milliseconds."""
+    out = {f"{side}_ms_blocking": sig(t * 1e3, 4) for side, t in blocking.items()}
+    if "tcgemm" in blocking and "jnp" in blocking:
+        out["ratio_blocking"] = round(blocking["jnp"] / blocking["tcgemm"], 4)
+    return out
 
 
 def time_fn(fn, args, reps: int, warmup: int = 2) -> float:

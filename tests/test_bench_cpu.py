@@ -226,13 +226,39 @@ def test_time_fn_counts_warmup_and_reps():
         return x + 1
 
     t = timing.time_fn(fn, (jnp.ones(4),), reps=7, warmup=2)
-    assert t > 0 and len(calls) == 9
-    times = timing.time_fns({"a": fn, "b": fn}, (jnp.ones(4),), reps=7)
-    assert [len(v) for v in times.values()] == [7, 7] and len(calls) == 9 + 18
+    assert t > 0 and len(calls) == 2 + 1 + 7          # warm-up, the stream's lead call, reps
+    times = timing.time_fns({"a": fn, "b": fn}, (jnp.ones(4),), reps=7, stream=False)
+    assert [len(v) for v in times.values()] == [7, 7] and len(calls) == 10 + 18
     assert timing.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
     # bench keeps the names tools/ use, and they are timing's
     assert bench.time_fn is timing.time_fn and bench._harness is timing.harness
     assert bench.harness_operands is timing.harness_operands
+
+
+def test_stream_timing_order_and_intervals():
+    """time_fns' stream mode: warm-up calls, then an untimed lead call of the last side, then
+    the sides interleaved rep by rep, each call dispatched before the previous one is waited
+    for; every interval positive, and they add up to the stream's wall time."""
+    import time
+    seq = []
+
+    def side(name):
+        def f(x):
+            seq.append(name)
+            return x + 1
+        return f
+    t0 = time.perf_counter()
+    times = timing.time_fns({"a": side("a"), "b": side("b")}, (jnp.ones(4),), reps=3, warmup=1)
+    wall = time.perf_counter() - t0
+    assert seq == ["a", "b", "b"] + ["a", "b"] * 3
+    assert [len(v) for v in times.values()] == [3, 3]
+    assert all(x > 0 for v in times.values() for x in v)
+    assert sum(map(sum, times.values())) <= wall
+    stream, blocking = timing.time_sides({"a": side("a")}, (jnp.ones(4),), reps=7)
+    assert stream["a"] > 0 and blocking["a"] > 0
+    fields = timing.blocking_fields({"tcgemm": 2e-3, "jnp": 3e-3}, lambda v, d: round(v, d))
+    assert fields == {"tcgemm_ms_blocking": 2.0, "jnp_ms_blocking": 3.0, "ratio_blocking": 1.5}
+    assert "back to back" in timing.method(9) and "9 timed calls" in timing.method(9)
 
 
 def test_harness_one_barrier_per_product():

@@ -1,0 +1,67 @@
+"""The two ways timing.time_fns can time a call, side by side on bench rows
+(``python tools/harness_modes.py ROW ...``, ROW a lowp or f32 row name, e.g. lowp_fp8_8192).
+
+For each row: the bench's two sides (bench_suites.first_two_sides: R products per call,
+optimization_barrier each), then `--rounds` rounds of (blocking, stream) medians of `--reps`
+interleaved calls per side (timing.time_fns with stream=False / True), each phase with
+nvidia-smi sampled every 100 ms (median SM clock and power, the throttle reasons seen).
+Prints ms per call, TFLOP/s and the ratio of each phase. Not a unit test; a measuring tool
+for benchmarks/NOTES.md (v74)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+
+from jax_tcgemm import bench_f32, bench_lowp, bench_suites, timing
+
+
+def _smi_start():
+    try:
+        return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
+                                 "clocks_throttle_reasons.active", "--format=csv,noheader,nounits",
+                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        return None
+
+
+def _smi_stop(smi) -> str:
+    if smi is None:
+        return "no nvidia-smi"
+    smi.terminate()
+    rows = [ln.split(",") for ln in smi.stdout.read().strip().split("\n") if ln.count(",") == 2]
+    if not rows:
+        return "no samples"
+    clk = statistics.median(float(r[0]) for r in rows)
+    pw = statistics.median(float(r[1]) for r in rows)
+    return (f"{len(rows)} samples, SM {clk:.0f} MHz, {pw:.0f} W (median), throttle "
+            f"{sorted({r[2].strip() for r in rows})}")
+
+
+def run(name: str, reps: int, rounds: int) -> None:
+    mod = bench_lowp if name.startswith("lowp") else bench_f32
+    case = next((c for c in mod.cases() if c.name == name), None)
+    if case is None:
+        print(f"{name}: no such row in the lowp / f32 suites", flush=True)
+        return
+    r, a, sh, fns, _, _ = bench_suites.first_two_sides(case, mod.ops(case), mod.operands, None,
+                                                        True, 8)
+    args = (a, *sh)
+    for rnd in range(rounds):
+        for stream in (False, True):
+            smi = _smi_start()
+            med = timing.medians(timing.time_fns(fns, args, reps, stream=stream))
+            tf = {s: r * case.flops / m / 1e12 for s, m in med.items()}
+            print(f"{name} R={r} round {rnd} {'stream  ' if stream else 'blocking'}: "
+                  + ", ".join(f"{s} {m * 1e3:.3f} ms/call {tf[s]:.1f}" for s, m in med.items())
+                  + f", ratio {tf['tcgemm'] / tf['jnp']:.4f}; {_smi_stop(smi)}", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("rows", nargs="+")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=3)
+    ns = ap.parse_args()
+    for row in ns.rows:
+        run(row, ns.reps, ns.rounds)
