@@ -186,15 +186,18 @@ def method(reps: int) -> str:
     """The record's words for how time_sides times a row (the `harness` field's tail)."""
     return (f"2 warm-up calls, then {reps} timed calls per side interleaved, back to back (each "
             "queued while the previous one runs; a call's time is from the previous call's "
-            "completion to its own), median; *_ms_blocking: the same calls again, each timed "
-            "alone around call + block_until_ready")
+            "completion to its own), median; *_ms_blocking: as many calls before them, each "
+            "timed alone around call + block_until_ready, median")
 
 
 def time_sides(fns: dict, args, reps: int) -> tuple[dict, dict]:
     """A bench row's timings: (stream, blocking) median seconds per call of each side. The
     stream figures are the row's; the blocking ones (each call alone from an idle GPU) are kept
-    beside them so that the row compares with records before v74 (benchmarks/NOTES.md)."""
-    return medians(time_fns(fns, args, reps)), medians(time_fns(fns, args, reps, 0, False))
+    beside them so that the row compares with records before v74 (benchmarks/NOTES.md). The
+    blocking calls run first, right after the warm-up as they did in those records, and the
+    stream after them, on the GPU they have warmed."""
+    blocking = medians(time_fns(fns, args, reps, stream=False))
+    return medians(time_fns(fns, args, reps, 0)), blocking
 
 
 def blocking_fields(blocking: dict, sig) -> dict:
