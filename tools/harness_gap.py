@@ -72,15 +72,24 @@ def smi_during(fn, args, seconds: float = 3.0) -> str:
     return f"{len(lines)} samples: " + "; ".join(sorted(set(lines))[:12])
 
 
-def run(name: str) -> None:
+def row_sides(name: str):
+    """(case, R, args, {side: jitted fn}) of the lowp or f32 bench row `name`, set up as the
+    bench sets it up (bench_suites.first_two_sides); None, said, if there is no such row."""
     mod = bench_lowp if name.startswith("lowp") else bench_f32
     case = next((c for c in mod.cases() if c.name == name), None)
     if case is None:
         print(f"{name}: no such row in the f32 / lowp suites", flush=True)
-        return
+        return None
     r, a, sh, fns, _, _ = bench_suites.first_two_sides(case, mod.ops(case), mod.operands, None,
                                                         True, 8)
-    args = (a, *sh)
+    return case, r, (a, *sh), fns
+
+
+def run(name: str) -> None:
+    got = row_sides(name)
+    if got is None:
+        return
+    _, r, args, fns = got
     for rnd in range(2):
         med = timing.medians(timing.time_fns(fns, args, 7))
         print(f"{name} R={r} harness round {rnd}: "

@@ -1,7 +1,7 @@
 """The two ways timing.time_fns can time a call, side by side on bench rows
 (``python tools/harness_modes.py ROW ...``, ROW a lowp or f32 row name, e.g. lowp_fp8_8192).
 
-For each row: the bench's two sides (bench_suites.first_two_sides: R products per call,
+For each row: the bench's two sides (harness_gap.row_sides: R products per call,
 optimization_barrier each), then `--rounds` rounds of (blocking, stream) medians of `--reps`
 interleaved calls per side (timing.time_fns with stream=False / True), each phase with
 nvidia-smi sampled every 100 ms (median SM clock and power, the throttle reasons seen).
@@ -13,7 +13,8 @@ import argparse
 import statistics
 import subprocess
 
-from jax_tcgemm import bench_f32, bench_lowp, bench_suites, timing
+from harness_gap import row_sides  # tools/ (this script's directory)
+from jax_tcgemm import timing
 
 
 def _smi_start():
@@ -39,14 +40,10 @@ def _smi_stop(smi) -> str:
 
 
 def run(name: str, reps: int, rounds: int) -> None:
-    mod = bench_lowp if name.startswith("lowp") else bench_f32
-    case = next((c for c in mod.cases() if c.name == name), None)
-    if case is None:
-        print(f"{name}: no such row in the lowp / f32 suites", flush=True)
+    got = row_sides(name)
+    if got is None:
         return
-    r, a, sh, fns, _, _ = bench_suites.first_two_sides(case, mod.ops(case), mod.operands, None,
-                                                        True, 8)
-    args = (a, *sh)
+    case, r, args, fns = got
     for rnd in range(rounds):
         for stream in (False, True):
             smi = _smi_start()
