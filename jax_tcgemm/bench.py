@@ -196,9 +196,7 @@ def epilogue_error(case: Case, out, x, shared) -> tuple[float, dict]:
     return max(parts.values()), {p: _sig(e) for p, e in parts.items()}
 
 
-def _sig(x, n=3):
-    """x to n significant digits; NaN/inf -> None (JSON has no NaN)."""
-    return float(f"{x:.{n}g}") if math.isfinite(x) else None
+_sig = timing.sig  # (bench_suites, bench_ragged and tools use it under this name)
 
 
 def _row_base(case: Case) -> dict:
@@ -246,7 +244,7 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
     vs_jnp = max(timing.rel_fro(x, y) for x, y in  # whole outputs: every tile written
                  zip(jax.tree.leaves(first["tcgemm"]), jax.tree.leaves(first["jnp"])))
     del first
-    med, blocking = timing.time_sides(fns, (a_list, *shared), reps)
+    med, extra = timing.time_sides(fns, (a_list, *shared), reps)
     tf = {side: r * case.flops / med[side] / 1e12 for side in med}
     err, jnp_err = errs["tcgemm"][0], errs["jnp"][0]
     tol = tolerance(case, jnp_err)
@@ -255,7 +253,7 @@ def run_case(case: Case, reps: int = 9, mem_limit: int | None = None, barrier: b
                jnp_rel_err=_sig(jnp_err), vs_jnp=_sig(vs_jnp),
                err_ok=bool(err <= tol and vs_jnp <= 2 * tol),
                tcgemm_ms=_sig(med["tcgemm"] * 1e3, 4), jnp_ms=_sig(med["jnp"] * 1e3, 4),
-               **timing.blocking_fields(blocking, _sig))
+               **extra)
     if "dot" in tf:
         row.update(dot_tflops=_sig(tf["dot"], 4), dot_ms=_sig(med["dot"] * 1e3, 4),
                    vs_dot=round(tf["tcgemm"] / tf["dot"], 4),

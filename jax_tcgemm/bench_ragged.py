@@ -208,7 +208,7 @@ def run_case(case: RaggedCase, reps: int = 9, mem_limit: int | None = None,
     else:
         errs = _mlp_errors(case, firsts, x[0], shared)
     del firsts
-    med, blocking = timing.time_sides(fns, (x, *shared), reps)
+    med, extra = timing.time_sides(fns, (x, *shared), reps)
     tf = {side: r * case.flops / med[side] / 1e12 for side in med}
     sig = bench._sig
     tol = max([1e-2 if case.op == "fwd_bwd" else bench.ERR_TOL[case.dtype]]
@@ -221,7 +221,7 @@ def run_case(case: RaggedCase, reps: int = 9, mem_limit: int | None = None,
                rel_err=sig(errs["tcgemm"]), jnp_rel_err=sig(errs["jnp"]) if "jnp" in errs
                else None, err_ok=bool(errs["tcgemm"] <= tol),
                **{f"{side}_ms": sig(med[side] * 1e3, 4) for side in med},
-               **timing.blocking_fields(blocking, sig))
+               **extra)
     return row
 
 

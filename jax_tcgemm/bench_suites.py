@@ -80,14 +80,14 @@ def time_two_sides(fns: dict, args: tuple, reps: int, r: int, flops: int, errs: 
     """Times the sides {name: jitted fn} interleaved (timing.time_sides) and returns the
     row fields: rates (r products of `flops` each per call), ratio, errors, err_ok (ours within
     tol), per-side milliseconds."""
-    med, blocking = timing.time_sides(fns, args, reps)
+    med, extra = timing.time_sides(fns, args, reps)
     tf = {side: r * flops / med[side] / 1e12 for side in med}
     return dict(r=r, reps=reps, tcgemm_tflops=_sig(tf["tcgemm"], 4),
                 jnp_tflops=_sig(tf["jnp"], 4), ratio=round(tf["tcgemm"] / tf["jnp"], 4),
                 rel_err=_sig(errs["tcgemm"]), jnp_rel_err=_sig(errs["jnp"]),
                 err_ok=bool(errs["tcgemm"] <= tol),
                 **{f"{side}_ms": _sig(med[side] * 1e3, 4) for side in med},
-                **timing.blocking_fields(blocking, _sig))
+                **extra)
 
 
 def run_two_sided(args, argv, cs: list, suite: str, harness: str, header: str, run_case,

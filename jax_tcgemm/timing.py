@@ -136,7 +136,8 @@ def choose_reps(flops: int, per_product_bytes: int = 0, shared_bytes: int = 0,
     return r
 
 
-def time_fns(fns: dict, args, reps: int, warmup: int = 2, stream: bool = True) -> dict:
+def time_fns(fns: dict, args, reps: int, warmup: int = 2, stream: bool = True,
+             dispatch: dict | None = None) -> dict:
     """Seconds per call of each fn in `fns` ({name: [seconds] * reps}), the sides interleaved
     rep by rep after `warmup` calls of each.
 
@@ -145,9 +146,11 @@ def time_fns(fns: dict, args, reps: int, warmup: int = 2, stream: bool = True) -
     time is the interval from the previous call's completion to its own. The GPU never waits
     for the host, so the host's dispatch (PjRt's execute path, ~0.4 ms per call on an H200,
     benchmarks/NOTES.md v56) is not charged to the call unless it takes longer than the call
-    itself. Without stream, each call is timed alone around call + block_until_ready, from
-    an idle GPU: the figures of the records up to v73 (NOTES), which charge both sides the
-    dispatch and so pull their ratio toward 1."""
+    itself: then the interval is the dispatch's, which `dispatch` ({name: [seconds]}, filled
+    when given) shows. Without stream, each call is timed alone around call +
+    block_until_ready, from an idle GPU: the figures of the records up to v73 (NOTES), which
+    charge both sides the dispatch (a constant that keeps the order of close candidates, as
+    the autotuner wants, but pulls ratios toward 1)."""
     import jax
     for _ in range(warmup):
         for f in fns.values():
@@ -160,16 +163,23 @@ def time_fns(fns: dict, args, reps: int, warmup: int = 2, stream: bool = True) -
             jax.block_until_ready(fns[name](*args))
             times[name].append(time.perf_counter() - t0)
         return times
+
+    def queue(i):  # dispatch call i of `order`, timing the host's part
+        t0 = time.perf_counter()
+        out = fns[order[i]](*args)
+        if dispatch is not None:
+            dispatch.setdefault(order[i], []).append(time.perf_counter() - t0)
+        return out
     # An untimed lead call (of the last side, as in the rotation) occupies the GPU while the
     # first timed call is queued behind it; then at every step the next call is queued before
     # the running one is waited for: two calls' outputs are alive at most.
     running = fns[order[-1]](*args)
-    queued = fns[order[0]](*args)
+    queued = queue(0)
     jax.block_until_ready(running)
     t_prev = time.perf_counter()
     for i, name in enumerate(order):
         running = queued
-        queued = fns[order[i + 1]](*args) if i + 1 < len(order) else None
+        queued = queue(i + 1) if i + 1 < len(order) else None
         jax.block_until_ready(running)
         t = time.perf_counter()
         times[name].append(t - t_prev)
@@ -186,26 +196,38 @@ def method(reps: int) -> str:
     """The record's words for how time_sides times a row (the `harness` field's tail)."""
     return (f"2 warm-up calls, then {reps} timed calls per side interleaved, back to back (each "
             "queued while the previous one runs; a call's time is from the previous call's "
-            "completion to its own), median; *_ms_blocking: as many calls before them, each "
-            "timed alone around call + block_until_ready, median")
+            "completion to its own), median; *_dispatch_ms: the host's part of queuing those "
+            "calls, median; *_ms_blocking: as many calls before them, each timed alone around "
+            "call + block_until_ready, median")
 
 
 def time_sides(fns: dict, args, reps: int) -> tuple[dict, dict]:
-    """A bench row's timings: (stream, blocking) median seconds per call of each side. The
-    stream figures are the row's; the blocking ones (each call alone from an idle GPU) are kept
-    beside them so that the row compares with records before v74 (benchmarks/NOTES.md). The
-    blocking calls run first, right after the warm-up as they did in those records, and the
-    stream after them, on the GPU they have warmed."""
+    """A bench row's timings: (stream medians, extra row fields), seconds per call of each side
+    and side_fields' fields. The stream figures are the row's; the blocking ones (each call
+    alone from an idle GPU) are kept beside them so that the row compares with records before
+    v74 (benchmarks/NOTES.md), and the host's dispatch time of the stream's calls shows where a
+    stream figure is the host's (dispatch as long as the interval). The blocking calls run
+    first, right after the warm-up as they did in those records, and the stream after them, on
+    the GPU they have warmed."""
     blocking = medians(time_fns(fns, args, reps, stream=False))
-    return medians(time_fns(fns, args, reps, 0)), blocking
+    dispatch: dict = {}
+    stream = medians(time_fns(fns, args, reps, 0, dispatch=dispatch))
+    return stream, side_fields(blocking, medians(dispatch))
 
 
-def blocking_fields(blocking: dict, sig) -> dict:
-    """The row fields of time_sides' blocking medians: <side>_ms_blocking for each side and
-    ratio_blocking (tcgemm's rate over jnp's), `sig` rounding the milliseconds."""
+def sig(x, n=3):
+    """x to n significant digits; NaN/inf -> None (JSON has no NaN)."""
+    return float(f"{x:.{n}g}") if math.isfinite(x) else None
+
+
+def side_fields(blocking: dict, dispatch: dict) -> dict:
+    """The row fields beside the stream's figures: <side>_ms_blocking and ratio_blocking
+    (tcgemm's rate over jnp's) from the blocking medians, <side>_dispatch_ms from the stream's
+    dispatch medians (seconds in, milliseconds to 4 significant digits out)."""
     out = {f"{side}_ms_blocking": sig(t * 1e3, 4) for side, t in blocking.items()}
     if "tcgemm" in blocking and "jnp" in blocking:
         out["ratio_blocking"] = round(blocking["jnp"] / blocking["tcgemm"], 4)
+    out.update({f"{side}_dispatch_ms": sig(t * 1e3, 4) for side, t in dispatch.items()})
     return out
 
 

@@ -254,10 +254,19 @@ def test_stream_timing_order_and_intervals():
     assert [len(v) for v in times.values()] == [3, 3]
     assert all(x > 0 for v in times.values() for x in v)
     assert sum(map(sum, times.values())) <= wall
-    stream, blocking = timing.time_sides({"a": side("a")}, (jnp.ones(4),), reps=7)
-    assert stream["a"] > 0 and blocking["a"] > 0
-    fields = timing.blocking_fields({"tcgemm": 2e-3, "jnp": 3e-3}, lambda v, d: round(v, d))
-    assert fields == {"tcgemm_ms_blocking": 2.0, "jnp_ms_blocking": 3.0, "ratio_blocking": 1.5}
+    seq.clear()
+    disp: dict = {}
+    timing.time_fns({"a": side("a"), "b": side("b")}, (jnp.ones(4),), reps=3, warmup=0,
+                    dispatch=disp)
+    assert [len(v) for v in disp.values()] == [3, 3] and len(seq) == 1 + 6
+    stream, extra = timing.time_sides({"tcgemm": side("a"), "jnp": side("b")}, (jnp.ones(4),),
+                                      reps=7)
+    assert set(stream) == {"tcgemm", "jnp"} and min(stream.values()) > 0
+    assert set(extra) == {"tcgemm_ms_blocking", "jnp_ms_blocking", "ratio_blocking",
+                          "tcgemm_dispatch_ms", "jnp_dispatch_ms"}
+    fields = timing.side_fields({"tcgemm": 2e-3, "jnp": 3e-3}, {"tcgemm": 1.23456e-4})
+    assert fields == {"tcgemm_ms_blocking": 2.0, "jnp_ms_blocking": 3.0, "ratio_blocking": 1.5,
+                      "tcgemm_dispatch_ms": 0.1235}
     assert "back to back" in timing.method(9) and "9 timed calls" in timing.method(9)
 
 
