@@ -18,6 +18,9 @@ from jax_tcgemm import bench, timing
 ON_GPU = jax.default_backend() == "gpu"
 ROW_FIELDS = {"name", "m", "n", "k", "batch", "dtype", "layout", "config",
               "tcgemm_tflops", "jnp_tflops", "ratio", "rel_err"}
+# beside the stream's figures (timing.time_sides): the blocking calls and the stream's dispatch
+TIMING_FIELDS = {"tcgemm_ms", "jnp_ms", "tcgemm_ms_blocking", "jnp_ms_blocking", "ratio_blocking",
+                 "tcgemm_dispatch_ms", "jnp_dispatch_ms"}
 
 
 def shapes(cs):
@@ -153,7 +156,9 @@ def test_epilogue_suite_end_to_end(tmp_path, monkeypatch, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [r["name"] for r in rows] == [r[0] for r in EPILOGUE_ROWS]
     for r in rows:
-        assert ROW_FIELDS | {"dot_tflops", "vs_dot", "jnp_vs_dot"} <= set(r) and "error" not in r, r
+        assert ROW_FIELDS | TIMING_FIELDS | {"dot_tflops", "vs_dot", "jnp_vs_dot",
+                                             "dot_ms_blocking", "dot_dispatch_ms"} <= set(r), r
+        assert "error" not in r, r
         assert r["tcgemm_tflops"] > 0 and r["jnp_tflops"] > 0 and r["dot_tflops"] > 0
         assert r["err_ok"] and r["tg_path"] == "tcgemm" and r["reps"] == 7 and r["r"] == 3, r
         assert 0 < r["rel_err"] < (2e-5 if r["name"] == "epilogue_seed001" else 5e-3), r
@@ -326,7 +331,7 @@ def test_force_runs_the_harness_end_to_end(tmp_path, capsys):
         (n, d) for n, d in itertools.product(["custom_64x48x40", "custom_3x40x24x16"],
                                              ["float16", "bfloat16"])]
     for r in rows:
-        assert ROW_FIELDS <= set(r) and "error" not in r, r
+        assert ROW_FIELDS | TIMING_FIELDS <= set(r) and "error" not in r, r
         assert r["layout"] == "NN" and r["r"] == 64 and r["reps"] == 7
         assert r["tcgemm_tflops"] > 0 and r["jnp_tflops"] > 0 and r["ratio"] > 0
         assert 0 < r["rel_err"] < {"float16": 1e-3, "bfloat16": 5e-3}[r["dtype"]]
@@ -446,4 +451,6 @@ def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
         rows = json.loads(out.read_text())["rows"]
         assert [r["name"] for r in rows] == names
         assert all(r["tcgemm_tflops"] > 0 and r["err_ok"] for r in rows), rows
+        assert all(TIMING_FIELDS <= set(r) for r in rows), rows
+        assert "back to back" in json.loads(out.read_text())["harness"]
         assert line in text
