@@ -383,6 +383,8 @@ def test_every_fp8_row(row, monkeypatch):
 
 
 INT8_SM80_ROWS = tuple(c.name for c in configs.CONFIGS if c.int8 and c.kind == "sm80")
+BYTE_SM90_ROWS = tuple(c.name for c in configs.CONFIGS
+                       if (c.int8 or c.fp8) and c.kind == "sm90")
 
 
 def check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms, epi,
@@ -438,6 +440,28 @@ def check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms, ep
     err = rel_err(out, want)
     if not same or not err <= tol:
         fails.append(f"{what}: same={same}, rel err {err:.3g} > {tol:.3g}")
+
+
+@pytest.mark.skipif(not _sm90(), reason=NOT_SM90)
+@pytest.mark.parametrize("row", BYTE_SM90_ROWS)
+def test_row_column_scales_on_every_sm90_row(row, monkeypatch):
+    """Per-row / per-column scales and no other epilogue term (W8A8, per-token / per-channel
+    fp8: the short store path, each panel's column scales loaded together) on each sm90 row
+    with 8-bit kernels, forced with 1 and 2 K slices: int8 and fp8 pairs, N odd (column scales
+    one by one) and a multiple of 8 that is no tile multiple, M past the last whole tile, a batch
+    folded into M, bfloat16 / float16 / float32 out; against float64."""
+    c = next(c for c in configs.CONFIGS if c.name == row)
+    pairs = ([(I8, I8)] if c.int8 else []) + ([PAIRS[0], PAIRS[2]] if c.fp8 else [])
+    fails = []
+    for i, (shape, tb, split, out_dtype, forms) in enumerate((
+            ((300, 521, 512), True, 1, BF16, ("row", "column")),
+            ((130, 264, 1024), False, 2, F32, ("row", "column")),
+            ((2, 97, 392, 256), True, 1, F16, ("tensor", "column")),
+            ((200, 136, 384), True, 2, BF16, ("row", "tensor")))):
+        for pair in pairs:
+            check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms,
+                         (None, None, None), pair=pair)
+    assert not fails, "\n".join(fails)
 
 
 @pytest.mark.skipif(not _sm80_up(), reason=NOT_SM80)

@@ -103,16 +103,21 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
                       scale * float(acc[4 * j + 3]));
       }
     } else {  // acc * (alpha * row's * column's), the scales' product first (as scaled.py's)
+      // the panel's column scales first, all loads in flight together: loaded group by group,
+      // each behind epi_col_scales2's branches, they were one round trip each (NOTES v75)
+      float2 cb[kGroups];
+#pragma unroll
+      for (int jj = 0; jj < kGroups; ++jj)
+        cb[jj] = epi_col_scales2(p.epi, p.n, z, col0 + panel * kCols + 8 * jj + 2 * (lane & 3));
 #pragma unroll
       for (int jj = 0; jj < kGroups; ++jj) {
         const int j = panel * kGroups + jj;
         const int byte = (8 * jj + 2 * (lane & 3)) * int(sizeof(Out));
-        const float2 cb =
-            epi_col_scales2(p.epi, p.n, z, col0 + panel * kCols + 8 * jj + 2 * (lane & 3));
-        put_pair<Out>(epi + epi_offset<Out>(r, byte), float(acc[4 * j]) * (ra[0] * cb.x),
-                      float(acc[4 * j + 1]) * (ra[0] * cb.y));
-        put_pair<Out>(epi + epi_offset<Out>(r + 8, byte), float(acc[4 * j + 2]) * (ra[1] * cb.x),
-                      float(acc[4 * j + 3]) * (ra[1] * cb.y));
+        put_pair<Out>(epi + epi_offset<Out>(r, byte), float(acc[4 * j]) * (ra[0] * cb[jj].x),
+                      float(acc[4 * j + 1]) * (ra[0] * cb[jj].y));
+        put_pair<Out>(epi + epi_offset<Out>(r + 8, byte),
+                      float(acc[4 * j + 2]) * (ra[1] * cb[jj].x),
+                      float(acc[4 * j + 3]) * (ra[1] * cb[jj].y));
       }
     }
     ptx::named_barrier_sync(bar, 128);  // the panel is complete
