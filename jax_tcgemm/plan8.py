@@ -51,7 +51,8 @@ def _plan_narrow(m, n, k, kind, cc, batch, transpose_b):
 # SMs to at least ONE_WAVE_FILL run there in one slice: the cost model would split the larger
 # rows' fewer tiles, and those slices lose to 64x128's one wave (H200, NOTES v73): fp8 by 5-22%
 # (128 x 8192^2, 128 x 7168 x 16384, 160 x 4096^2, 384 x 2048 x 7168; within 2% at
-# 192 x 4096 x 14336 and 256 x 4096 x 14336), int8 by 6-26% (7 shapes, M = 80-448). Below that
+# 192 x 4096 x 14336 and 256 x 4096 x 14336), int8 by 6-26% (7 shapes, M = 80-448); with row /
+# column scales (W8A8, per-token / per-channel fp8) by 8-35% and 3-26% (NOTES v75). Below that
 # fill 64x128 in one slice leaves SMs idle (fp8 128 x 4096^2: 64 tiles, 5% slower than 2
 # slices); past one wave the larger rows win (fp8 320 x 28672 x 4096: 64x128 0.9 of 192x128).
 # Not with block scales: 64x128 runs them at 0.75-0.92 of its per-tensor rate at these shapes,
