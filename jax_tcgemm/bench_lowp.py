@@ -203,6 +203,6 @@ def run(args, argv=None) -> int:
     harness = ("per side one jit of R independent products (R distinct a, shared b and scales"
                f"{'' if args.no_barrier else ', optimization_barrier per product'}), sides "
                "tcgemm (tg.scaled_matmul) and jnp (the lax way: fp8 dot + scale, int8 dot, "
-               f"dequantise-then-dot); " + timing.method(args.reps))
+               "dequantise-then-dot); " + timing.method(args.reps))
     return bench_suites.run_two_sided(args, argv, cases(), "lowp", harness, HEADER, run_case,
                                format_row)

@@ -453,11 +453,11 @@ def test_row_column_scales_on_every_sm90_row(row, monkeypatch):
     c = next(c for c in configs.CONFIGS if c.name == row)
     pairs = ([(I8, I8)] if c.int8 else []) + ([PAIRS[0], PAIRS[2]] if c.fp8 else [])
     fails = []
-    for i, (shape, tb, split, out_dtype, forms) in enumerate((
+    for shape, tb, split, out_dtype, forms in (
             ((300, 521, 512), True, 1, BF16, ("row", "column")),
             ((130, 264, 1024), False, 2, F32, ("row", "column")),
             ((2, 97, 392, 256), True, 1, F16, ("tensor", "column")),
-            ((200, 136, 384), True, 2, BF16, ("row", "tensor")))):
+            ((200, 136, 384), True, 2, BF16, ("row", "tensor"))):
         for pair in pairs:
             check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms,
                          (None, None, None), pair=pair)

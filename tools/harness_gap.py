@@ -6,9 +6,9 @@ products per call, optimization_barrier each):
   * the harness's median wall time per product (timing.time_fns, two rounds);
   * the GPU timeline of one call under jax.profiler, right after (hot) and after a pause
     (cool): busy time and span per product, and the kernels that take the most;
-  * wall time per call blocking on every call (as the harness does) against 9 calls dispatched
-    back to back with one block at the end (what blocking exposes of each call's dispatch),
-    and the timeline of 3 consecutive blocking calls (their span, the idle gaps between them);
+  * wall time per call blocking on every call against 9 calls in a stream (timing.time_fns
+    without and with stream: what blocking exposes of each call's dispatch), and the timeline
+    of 3 consecutive blocking calls (their span, the idle gaps between them);
   * nvidia-smi's SM clock, power and throttle reasons, sampled every 100 ms during 3 s of the
     tcgemm side back to back (0x4: the software power cap).
 Not a unit test; a measuring tool for benchmarks/NOTES.md (v55-v56 ran its two halves)."""
@@ -101,18 +101,10 @@ def run(name: str) -> None:
         time.sleep(2)
         print(f"  cool {side}: {timeline(f, args, r)}", flush=True)
     for side, f in fns.items():
-        ws = []
-        for _ in range(9):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ws.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        outs = [f(*args) for _ in range(9)]
-        jax.block_until_ready(outs)
-        del outs
-        pipe = (time.perf_counter() - t0) / 9
+        ws = timing.time_fns({side: f}, args, 9, 0, stream=False)[side]
+        pipe = statistics.median(timing.time_fns({side: f}, args, 9, 0)[side])
         print(f"  {side}: blocking call median {statistics.median(ws) * 1e3:.3f} ms (min "
-              f"{min(ws) * 1e3:.3f}), dispatched back to back {pipe * 1e3:.3f} ms per call; "
+              f"{min(ws) * 1e3:.3f}), in a stream {pipe * 1e3:.3f} ms per call; "
               f"3 blocking calls: {calls_timeline(f, args)}", flush=True)
     print(f"  nvidia-smi during 3 s of tcgemm: {smi_during(fns['tcgemm'], args)}", flush=True)
 

@@ -103,8 +103,8 @@ __device__ __forceinline__ void store_block(const GemmParams& p, Out* c, const A
                       scale * float(acc[4 * j + 3]));
       }
     } else {  // acc * (alpha * row's * column's), the scales' product first (as scaled.py's)
-      // the panel's column scales first, all loads in flight together: loaded group by group,
-      // each behind epi_col_scales2's branches, they were one round trip each (NOTES v75)
+      // the panel's column scales loaded before any is used: the panel waits for one memory
+      // round trip, not one per 8-column group (benchmarks/NOTES.md v75)
       float2 cb[kGroups];
 #pragma unroll
       for (int jj = 0; jj < kGroups; ++jj)
