@@ -57,13 +57,22 @@ def calls_timeline(f, args, n: int = 3) -> str:
             f"{[round(g, 1) for g in gaps[-(n - 1):]]}")
 
 
-def smi_during(fn, args, seconds: float = 3.0) -> str:
+def smi_start(units: bool = True):
+    """nvidia-smi sampling SM clock, power and throttle reasons every 100 ms (csv lines on its
+    stdout; `units` False: bare numbers), or the OSError's text if it cannot start."""
     try:
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
-                                "clocks_throttle_reasons.active", "--format=csv,noheader",
-                                "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
+                                 "clocks_throttle_reasons.active",
+                                 "--format=csv,noheader" + ("" if units else ",nounits"),
+                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
     except OSError as e:
         return f"no nvidia-smi ({e})"
+
+
+def smi_during(fn, args, seconds: float = 3.0) -> str:
+    smi = smi_start()
+    if isinstance(smi, str):
+        return smi
     t0 = time.time()
     while time.time() - t0 < seconds:
         jax.block_until_ready(fn(*args))

@@ -11,24 +11,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 
-from harness_gap import row_sides  # tools/ (this script's directory)
+from harness_gap import row_sides, smi_start  # tools/ (this script's directory)
 from jax_tcgemm import timing
 
 
-def _smi_start():
-    try:
-        return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
-                                 "clocks_throttle_reasons.active", "--format=csv,noheader,nounits",
-                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
-    except OSError:
-        return None
-
-
 def _smi_stop(smi) -> str:
-    if smi is None:
-        return "no nvidia-smi"
+    if isinstance(smi, str):  # smi_start's reason it could not start
+        return smi
     smi.terminate()
     rows = [ln.split(",") for ln in smi.stdout.read().strip().split("\n") if ln.count(",") == 2]
     if not rows:
@@ -46,7 +36,7 @@ def run(name: str, reps: int, rounds: int) -> None:
     case, r, args, fns = got
     for rnd in range(rounds):
         for stream in (False, True):
-            smi = _smi_start()
+            smi = smi_start(units=False)
             med = timing.medians(timing.time_fns(fns, args, reps, stream=stream))
             tf = {s: r * case.flops / m / 1e12 for s, m in med.items()}
             print(f"{name} R={r} round {rnd} {'stream  ' if stream else 'blocking'}: "
