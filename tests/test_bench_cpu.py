@@ -454,3 +454,77 @@ def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
         assert all(TIMING_FIELDS <= set(r) for r in rows), rows
         assert "back to back" in json.loads(out.read_text())["harness"]
         assert line in text
+
+
+def _sass_tool():
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        "sass_yield", pathlib.Path(__file__).parents[1] / "tools" / "sass_yield.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def _sass_listing(tool, n_ffma=20, n_fadd=17):
+    """cuobjdump -sass text of one function: an FMUL, a promotion run of FFMA in ptxas's pattern
+    (scale R142 reused into every other one, which does not yield), a plain FADD run, then a
+    run of FFMA that do not accumulate (an epilogue's)."""
+    lines = ["\t\tFunction : _Z12fp8_kernel", "\t.headerflags @\"EF_CUDA_SM90\""]
+    words = []
+
+    def emit(i, text, lo, hi):
+        lines.append(f"        /*{16 * i:04x}*/                   {text} ;   /* 0x{lo:016x} */")
+        lines.append(f"                                                   /* 0x{hi:016x} */")
+        words.append(lo.to_bytes(8, "little") + hi.to_bytes(8, "little"))
+
+    base = 0x000fe20000000000 | (1 << 41)  # stall 1
+    emit(0, "FMUL R142, R9, UR18", 0x0000001209_8e7c20, base)
+    for k in range(n_ffma):
+        even = k % 2 == 0
+        hi = base | (tool.YIELD | tool.REUSE_B if even else 0) | (100 + k)
+        emit(1 + k, f"FFMA R{100 + k}, R{24 + k}, R142{'.reuse' if even else ''}, R{100 + k}",
+             (0x8e << 32) | ((24 + k) << 24) | ((100 + k) << 16) | 0x7223, hi)
+    for k in range(n_fadd):
+        i = 1 + n_ffma + k
+        emit(i, f"FADD R{k + 4}, R{k + 40}, R{k + 4}", ((k + 40) << 24) | ((k + 4) << 16) | 0x7221,
+             base | (tool.YIELD if k % 2 == 0 else 0) | (k + 4))
+    for k in range(16):
+        i = 1 + n_ffma + n_fadd + k
+        emit(i, f"FFMA R{k + 60}, R{k + 24}, R3, R2", ((k + 24) << 24) | ((k + 60) << 16) | 0x7223,
+             base | 2)
+    return "\n".join(lines) + "\n", words
+
+
+def test_sass_yield_rewrites_promotion_runs_only():
+    """tools/sass_yield.py on a synthetic listing: it finds the accumulating FFMA and FADD runs
+    (not the epilogue's FFMA, nor the FMUL), keeps them under `keep`, and under everyN yields
+    at every N-th instruction of a run and keeps the scale in the reuse cache between the
+    others; the rewritten words replace the old ones in place in the file's bytes."""
+    tool = _sass_tool()
+    text, words = _sass_listing(tool)
+    funcs = list(tool.parse_sass(text))
+    (name, insns), = funcs
+    assert len(insns) == 1 + 20 + 17 + 16
+    assert [(op, i, j) for op, i, j in tool.runs(insns)] == [("FFMA", 1, 21), ("FADD", 21, 38)]
+    blob = b"\x00" * 8 + b"".join(words) + b"\x11" * 8
+    data = bytearray(blob)
+    assert tool.patch(data, funcs, "keep") == (2, 0) and data == blob
+    assert tool.patch(data, funcs, "every4", kernels="nomatch") == (0, 0)
+    assert tool.patch(data, funcs, "every4") == (2, 2)
+    assert len(data) == len(blob) and data[:8] == blob[:8] and data[-8:] == blob[-8:]
+    his = [int.from_bytes(data[8 + 16 * i + 8:8 + 16 * i + 16], "little") for i in range(54)]
+    ffma, fadd = his[1:21], his[21:38]
+    for k, hi in enumerate(ffma):
+        yields = k % 4 == 3 or k == 19
+        assert bool(hi & tool.YIELD) != yields, k
+        assert bool(hi & tool.REUSE_B) == (not yields and k + 1 < 20), k
+        assert hi & 0xfff == 100 + k  # the other bits as they were
+    assert [bool(hi & tool.YIELD) for hi in fadd] == [k % 4 != 3 and k != 16 for k in range(17)]
+    assert his[0] == int.from_bytes(words[0][8:], "little")
+    assert his[38:] == [int.from_bytes(w[8:], "little") for w in words[38:]]
+    # patched twice: the second pass finds the rewritten runs (no words left to change)
+    again = bytearray(data)
+    assert tool.patch(again, funcs, "every4") == (2, 0) and again == data
+    # a run that is not in the bytes at all (a compressed fatbin) is an error
+    with pytest.raises(ValueError, match="not found verbatim"):
+        tool.patch(bytearray(b"\x00" * 64), funcs, "every4")
