@@ -456,6 +456,7 @@ def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
         assert line in text
 
 
+
 def _sass_tool():
     import pathlib
     spec = importlib.util.spec_from_file_location(
@@ -465,66 +466,93 @@ def _sass_tool():
     return tool
 
 
-def _sass_listing(tool, n_ffma=20, n_fadd=17):
-    """cuobjdump -sass text of one function: an FMUL, a promotion run of FFMA in ptxas's pattern
-    (scale R142 reused into every other one, which does not yield), a plain FADD run, then a
-    run of FFMA that do not accumulate (an epilogue's)."""
-    lines = ["\t\tFunction : _Z12fp8_kernel", "\t.headerflags @\"EF_CUDA_SM90\""]
-    words = []
+def _cuda_elf(texts, machine=190):
+    """A minimal ELF64 image with one .text.<name> section per (name, code) of texts."""
+    import struct
+    names = b"\0.shstrtab\0" + b"".join(b".text." + n.encode() + b"\0" for n, _ in texts)
+    body, secs, at = b"", [], 64
+    for code in [names] + [c for _, c in texts]:
+        pad = -at % 16
+        body += b"\0" * pad
+        at += pad
+        secs.append((at, len(code)))
+        body += code
+        at += len(code)
+    shoff = at + (-at % 8)
+    body += b"\0" * (shoff - at)
+    name_at = [names.index(b".shstrtab")] + [names.index(b".text." + n.encode()) for n, _ in texts]
+    shdrs = b"\0" * 64 + b"".join(struct.pack("<IIQQQQIIQQ", na, 1, 0, 0, off, size, 0, 0, 16, 0)
+                                   for na, (off, size) in zip(name_at, secs))
+    hdr = b"\x7fELF" + bytes([2, 1, 1]) + b"\0" * 9 + struct.pack(
+        "<HHIQQQIHHHHHH", 2, machine, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(secs) + 1, 1)
+    return hdr + body + shdrs
 
-    def emit(i, text, lo, hi):
-        lines.append(f"        /*{16 * i:04x}*/                   {text} ;   /* 0x{lo:016x} */")
-        lines.append(f"                                                   /* 0x{hi:016x} */")
-        words.append(lo.to_bytes(8, "little") + hi.to_bytes(8, "little"))
 
-    base = 0x000fe20000000000 | (1 << 41)  # stall 1
-    emit(0, "FMUL R142, R9, UR18", 0x0000001209_8e7c20, base)
+def _promotion_code(tool, n_ffma=20, n_fadd=17):
+    """16-byte instructions: an FMUL, a promotion run of FFMA in ptxas's pattern (scale R142
+    reused into every other one, which does not yield), a FADD run, then FFMA that do not
+    accumulate (an epilogue's)."""
+    import struct
+    base = 0x000FE20000000000 | (1 << 41)  # stall 1
+
+    def ffma(d, a, b, c, hi):
+        return struct.pack("<QQ", (b << 32) | (a << 24) | (d << 16) | 0x7223, hi | c)
+
+    code = struct.pack("<QQ", 0x00000012098E7C20, base)  # FMUL R142, R9, UR18
     for k in range(n_ffma):
-        even = k % 2 == 0
-        hi = base | (tool.YIELD | tool.REUSE_B if even else 0) | (100 + k)
-        emit(1 + k, f"FFMA R{100 + k}, R{24 + k}, R142{'.reuse' if even else ''}, R{100 + k}",
-             (0x8e << 32) | ((24 + k) << 24) | ((100 + k) << 16) | 0x7223, hi)
+        code += ffma(100 + k, 24 + k, 142, 100 + k,
+                     base | (tool.YIELD | tool.REUSE_B if k % 2 == 0 else 0))
     for k in range(n_fadd):
-        i = 1 + n_ffma + k
-        emit(i, f"FADD R{k + 4}, R{k + 40}, R{k + 4}", ((k + 40) << 24) | ((k + 4) << 16) | 0x7221,
-             base | (tool.YIELD if k % 2 == 0 else 0) | (k + 4))
+        code += struct.pack("<QQ", ((k + 4) << 32) | ((k + 40) << 24) | ((k + 4) << 16) | 0x7221,
+                            base | (tool.YIELD if k % 2 == 0 else 0))
     for k in range(16):
-        i = 1 + n_ffma + n_fadd + k
-        emit(i, f"FFMA R{k + 60}, R{k + 24}, R3, R2", ((k + 24) << 24) | ((k + 60) << 16) | 0x7223,
-             base | 2)
-    return "\n".join(lines) + "\n", words
+        code += ffma(60 + k, 24 + k, 3, 2, base)
+    return code
 
 
-def test_sass_yield_rewrites_promotion_runs_only():
-    """tools/sass_yield.py on a synthetic listing: it finds the accumulating FFMA and FADD runs
-    (not the epilogue's FFMA, nor the FMUL), keeps them under `keep`, and under everyN yields
-    at every N-th instruction of a run and keeps the scale in the reuse cache between the
-    others; the rewritten words replace the old ones in place in the file's bytes."""
+def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
+    """tools/sass_yield.py on synthetic CUDA ELF images inside a larger file: it finds the
+    accumulating FFMA and FADD runs of the kernels it is asked for (not the epilogue's FFMA,
+    the FMUL, another kernel or a non-CUDA ELF), keeps them under `keep`, and under everyN
+    yields at every N-th instruction of a run and keeps the scale in the reuse cache between
+    the others, changing nothing else."""
+    import struct
     tool = _sass_tool()
-    text, words = _sass_listing(tool)
-    funcs = list(tool.parse_sass(text))
-    (name, insns), = funcs
-    assert len(insns) == 1 + 20 + 17 + 16
-    assert [(op, i, j) for op, i, j in tool.runs(insns)] == [("FFMA", 1, 21), ("FADD", 21, 38)]
-    blob = b"\x00" * 8 + b"".join(words) + b"\x11" * 8
+    code = _promotion_code(tool)
+    blob = (b"\x11" * 24 + _cuda_elf([("fp8_kernel", code), ("int8_kernel", code)]) +
+            b"\x22" * 40 + _cuda_elf([("fp8_kernel", code)], machine=62))
+    texts = list(tool.cuda_texts(blob))
+    assert [n for n, _, _ in texts] == ["fp8_kernel", "int8_kernel"]
+    name, off, size = texts[0]
+    assert blob[off:off + size] == code
+    assert [(op, len(r)) for op, r in tool.runs(blob, off, size)] == [(0x223, 20), (0x221, 17)]
     data = bytearray(blob)
-    assert tool.patch(data, funcs, "keep") == (2, 0) and data == blob
-    assert tool.patch(data, funcs, "every4", kernels="nomatch") == (0, 0)
-    assert tool.patch(data, funcs, "every4") == (2, 2)
-    assert len(data) == len(blob) and data[:8] == blob[:8] and data[-8:] == blob[-8:]
-    his = [int.from_bytes(data[8 + 16 * i + 8:8 + 16 * i + 16], "little") for i in range(54)]
-    ffma, fadd = his[1:21], his[21:38]
-    for k, hi in enumerate(ffma):
+    assert tool.patch(data, "keep") == (2, 0) and data == blob
+    assert tool.patch(data, "every4", kernels="nomatch") == (0, 0) and data == blob
+    seen, changed = tool.patch(data, "every4")
+    assert seen == 2 and changed > 0 and len(data) == len(blob)
+    assert [i for i in range(len(blob)) if data[i] != blob[i]] and \
+        all(off <= i < off + size and (i - off) % 16 >= 8 for i in range(len(blob))
+            if data[i] != blob[i])  # only the fp8 kernel's high words
+    his = [struct.unpack_from("<Q", data, off + 16 * i + 8)[0] for i in range(size // 16)]
+    old = [struct.unpack_from("<Q", code, 16 * i + 8)[0] for i in range(size // 16)]
+    mask = tool.YIELD | tool.REUSE_B
+    for k, hi in enumerate(his[1:21]):
         yields = k % 4 == 3 or k == 19
         assert bool(hi & tool.YIELD) != yields, k
-        assert bool(hi & tool.REUSE_B) == (not yields and k + 1 < 20), k
-        assert hi & 0xfff == 100 + k  # the other bits as they were
-    assert [bool(hi & tool.YIELD) for hi in fadd] == [k % 4 != 3 and k != 16 for k in range(17)]
-    assert his[0] == int.from_bytes(words[0][8:], "little")
-    assert his[38:] == [int.from_bytes(w[8:], "little") for w in words[38:]]
-    # patched twice: the second pass finds the rewritten runs (no words left to change)
-    again = bytearray(data)
-    assert tool.patch(again, funcs, "every4") == (2, 0) and again == data
-    # a run that is not in the bytes at all (a compressed fatbin) is an error
-    with pytest.raises(ValueError, match="not found verbatim"):
-        tool.patch(bytearray(b"\x00" * 64), funcs, "every4")
+        assert bool(hi & tool.REUSE_B) == (not yields and k < 19), k
+    assert [bool(hi & tool.YIELD) for hi in his[21:38]] == [k % 4 != 3 and k != 16
+                                                            for k in range(17)]
+    assert [h & ~mask for h in his] == [h & ~mask for h in old]
+    assert his[0] == old[0] and his[38:] == old[38:]
+    again = bytearray(data)  # idempotent
+    assert tool.patch(again, "every4")[1] == 0 and again == data
+    path = tmp_path / "m.bin"
+    path.write_bytes(blob)
+    assert tool.main([str(path), "--policy", "yield"]) == 0
+    assert path.read_bytes() != blob
+    with pytest.raises(ValueError, match="unknown policy"):
+        tool.patch(bytearray(blob), "every")
+    (tmp_path / "z.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(SystemExit, match="no uncompressed CUDA ELF"):
+        tool.main([str(tmp_path / "z.bin"), "--policy", "keep"])

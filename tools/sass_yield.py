@@ -1,117 +1,115 @@
 """Rewrite the scheduling bits of the promotion runs in compiled sm_90a SASS, in place.
 
 A promoted fp8 piece is added into the float32 sums by a run of 64 FADD (per-tensor scales) or
-FFMA (block scales: acc = part * s + acc, one scale register per row). ptxas alternates the
-yield hint along such a run, and a yielding FFMA drops the operand-reuse cache, so every other
-FFMA reads its scale from the register file again. This tool sets both bits along the runs by a
-policy and writes the instructions back where they lie in the file (an uncompressed fatbin: the
-byte kernels are built with -no-compress), so the same 16-byte words are found and replaced.
+FFMA (block scales: acc = part * s + acc, one scale register per row). ptxas lets every other
+instruction of such a run yield, and a yielding FFMA drops the operand-reuse cache, so every
+other FFMA reads its scale from the register file again (benchmarks/NOTES.md v77). This tool
+sets both bits along the runs by a policy, in any file that holds the kernels' CUDA ELF images
+uncompressed: a cubin, a host object, or the built module (CMake builds the byte kernels with
+-no-compress for this). It reads the images itself (ELF sections .text.<kernel>, 16-byte
+instructions); no CUDA tool is needed.
 
-Control bits of an instruction's high 64-bit word (Volta and later): stall 41-44, yield 45 (1:
-no yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (a, b, c, d).
+Encoding (sm_90, the register forms): low word bits 0-11 the opcode (0x223 FFMA Rd, Ra, Rb,
+Rc; 0x221 FADD Rd, Ra, Rb), Rd bits 16-23, Ra 24-31, Rb 32-39; FFMA's Rc in the high word's
+bits 0-7. Control bits of the high word (Volta and later): stall 41-44, yield 45 (set: no
+yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (a, b, c, d).
 
-  python tools/sass_yield.py FILE --policy {keep,reuse,yield,everyN} [--kernels REGEX] [--dry-run]
+  python tools/sass_yield.py FILE --policy {keep,reuse,yield,everyN} [--kernels REGEX]
+                             [--dry-run]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
-import subprocess
+import struct
 import sys
 
 YIELD = 1 << 45          # set: the warp does not yield after this instruction
 REUSE_B = 1 << 59        # keep operand b in the reuse cache for the next instruction
 MIN_RUN = 16             # shorter runs of FADD / FFMA are left as they are
-
-_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
-_HI = re.compile(r"^\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
-
-
-def cuobjdump() -> str:
-    for cand in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"),
-                 "/usr/local/cuda/bin/cuobjdump"):
-        if cand and os.path.isfile(cand):
-            return cand
-    try:
-        import nvidia  # PyPI's nvidia-cuda-cuobjdump
-        for d in nvidia.__path__:
-            c = os.path.join(d, "cu13", "bin", "cuobjdump")
-            if os.path.isfile(c):
-                return c
-    except ImportError:
-        pass
-    sys.exit("sass_yield: no cuobjdump (set CUOBJDUMP)")
+EM_CUDA = 190
+FFMA, FADD = 0x223, 0x221
 
 
-def functions(path: str):
-    """(name, [(mnemonic, operands, lo, hi)]) of every sm_90a function in the file."""
-    out = subprocess.run([cuobjdump(), "-sass", "-arch", "sm_90a", path], check=True,
-                         capture_output=True, text=True).stdout
-    yield from parse_sass(out)
+def cuda_texts(data):
+    """(kernel name, offset, size) of the .text sections of every CUDA ELF image in data."""
+    at = data.find(b"\x7fELF")
+    while at >= 0:
+        hdr = bytes(data[at:at + 64])
+        if len(hdr) == 64 and hdr[4] == 2 and hdr[5] == 1 and \
+                struct.unpack_from("<H", hdr, 18)[0] == EM_CUDA:
+            shoff, = struct.unpack_from("<Q", hdr, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", hdr, 0x3A)
+            secs = []
+            for i in range(shnum):
+                base = at + shoff + i * shentsize
+                if shentsize < 64 or base + 64 > len(data):
+                    secs = []
+                    break
+                name, _, _, _, off, size = struct.unpack_from("<IIQQQQ", data, base)
+                secs.append((name, off, size))
+            if secs and shstrndx < len(secs):
+                _, stro, strs = secs[shstrndx]
+                strtab = bytes(data[at + stro:at + stro + strs])
+                for name, off, size in secs:
+                    end = strtab.find(b"\0", name)
+                    sname = strtab[name:end if end >= 0 else None].decode("latin-1")
+                    if sname.startswith(".text.") and at + off + size <= len(data) and \
+                            size % 16 == 0:
+                        yield sname[len(".text."):], at + off, size
+        at = data.find(b"\x7fELF", at + 4)
 
 
-def parse_sass(text: str):
-    """functions() of cuobjdump -sass's text."""
-    name, insns, pending = None, [], None
-    for line in text.splitlines():
-        if "Function :" in line:
-            if name:
-                yield name, insns
-            name, insns, pending = line.split("Function :")[1].strip(), [], None
-            continue
-        m = _INSN.match(line)
-        if m:
-            text = m.group(2)
-            text = re.sub(r"^@!?U?P\w+\s+", "", text)
-            op, _, rest = text.partition(" ")
-            pending = (op, rest, int(m.group(3), 16))
-            continue
-        m = _HI.match(line)
-        if m and pending:
-            insns.append(pending + (int(m.group(1), 16),))
-            pending = None
-    if name:
-        yield name, insns
+def decode(data, off):
+    """(opcode, registers: Rd first, then the sources) of the instruction at off."""
+    lo, hi = struct.unpack_from("<QQ", data, off)
+    op = lo & 0xFFF
+    regs = ((lo >> 16) & 0xFF, (lo >> 24) & 0xFF, (lo >> 32) & 0xFF)
+    if op == FFMA:
+        regs += (hi & 0xFF,)
+    return op, regs, hi
 
 
-def runs(insns):
-    """Maximal runs of at least MIN_RUN FADD or FFMA (one mnemonic) that accumulate."""
-    i = 0
-    while i < len(insns):
-        op = insns[i][0]
-        j = i
-        while j < len(insns) and insns[j][0] == op:
-            j += 1
-        if op in ("FADD", "FFMA") and j - i >= MIN_RUN and all(
-                regs(ins[1])[0] == regs(ins[1])[-1] for ins in insns[i:j]):
-            yield op, i, j  # sums: each writes the register it adds into
-        i = max(j, i + 1)
+def runs(data, off, size):
+    """[(opcode, [(offset, registers, hi), ...])]: maximal runs of at least MIN_RUN FADD or
+    FFMA (one opcode) in a .text section that each add into their destination (Rd = the last
+    source): the promotion's sums."""
+    out, cur, cur_op = [], [], None
 
+    def close():
+        if cur_op in (FFMA, FADD) and len(cur) >= MIN_RUN:
+            out.append((cur_op, list(cur)))
 
-def regs(operands: str):
-    return [t.strip().split(".")[0] for t in operands.split(",")]
+    for at in range(off, off + size, 16):
+        op, regs, hi = decode(data, at)
+        if op != cur_op or regs[0] != regs[-1]:
+            close()
+            cur, cur_op = [], op
+        if op in (FFMA, FADD) and regs[0] == regs[-1]:
+            cur.append((at, regs, hi))
+        else:
+            cur_op = None
+    close()
+    return out
 
 
 def rewrite(op, run, policy):
-    """New high words for one run."""
-    his = [hi for (_, _, _, hi) in run]
+    """New high words for one run (run: runs()' entries)."""
+    his = [hi for (_, _, hi) in run]
     if policy == "keep":
         return his
+    every = int(policy[5:]) if policy.startswith("every") else 0
     new = []
-    for k, (_, ops, _, hi) in enumerate(run):
+    for k, (_, regs, hi) in enumerate(run):
         if policy == "yield":      # every instruction yields; no reuse across a yield
             hi = (hi & ~YIELD) & ~REUSE_B
-        elif policy == "reuse" or policy.startswith("every"):
+        else:
             # reuse: no yields inside the run; everyN: every N-th instruction yields. The scale
             # stays in the reuse cache from one instruction to the next where neither yields.
-            every = int(policy[5:]) if policy.startswith("every") else 0
             yields = every and k % every == every - 1
             hi = hi & ~YIELD if yields else hi | YIELD
-            if op == "FFMA":
-                nxt = run[k + 1][1] if k + 1 < len(run) else None
-                same = nxt is not None and regs(nxt)[2] == regs(ops)[2] and not yields
+            if op == FFMA:
+                same = k + 1 < len(run) and run[k + 1][1][2] == regs[2] and not yields
                 hi = hi | REUSE_B if same else hi & ~REUSE_B
             if k == len(run) - 1:
                 hi &= ~YIELD       # the run's last instruction yields
@@ -119,52 +117,44 @@ def rewrite(op, run, policy):
     return new
 
 
-def word(lo, hi) -> bytes:
-    return lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
-
-
-def patch(data: bytearray, funcs, policy: str, kernels: str = r"fp8"):
-    """Rewrite the runs of `funcs` (functions()) in `data`: (runs seen, runs rewritten)."""
-    patched = runs_seen = 0
-    for name, insns in funcs:
+def patch(data: bytearray, policy: str, kernels: str = r"fp8"):
+    """Rewrite the promotion runs of the kernels whose names match `kernels`, in data:
+    (runs seen, instructions changed)."""
+    if not re.fullmatch(r"keep|reuse|yield|every[1-9][0-9]*", policy):
+        raise ValueError(f"sass_yield: unknown policy {policy!r}")
+    seen = changed = 0
+    for name, off, size in list(cuda_texts(data)):
         if not re.search(kernels, name):
             continue
-        for op, i, j in runs(insns):
-            run = insns[i:j]
-            old = b"".join(word(lo, hi) for (_, _, lo, hi) in run)
-            new = b"".join(word(lo, hi) for (_, _, lo, _), hi in
-                           zip(run, rewrite(op, run, policy)))
-            runs_seen += 1
-            at = data.find(old)
-            if at < 0:
-                if data.find(new) >= 0:
-                    continue  # an identical run elsewhere was rewritten already
-                raise ValueError(f"sass_yield: run {op} x{j - i} of {name} not found verbatim "
-                                 "(a compressed fatbin? build with -no-compress)")
-            while at >= 0:
-                data[at:at + len(old)] = new
-                patched += old != new
-                at = data.find(old, at + len(old))
-    return runs_seen, patched
+        for op, run in runs(data, off, size):
+            seen += 1
+            for (at, _, hi), new in zip(run, rewrite(op, run, policy)):
+                if new != hi:
+                    data[at + 8:at + 16] = struct.pack("<Q", new)
+                    changed += 1
+    return seen, changed
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file")
     ap.add_argument("--policy", required=True, help="keep, reuse, yield or everyN")
     ap.add_argument("--kernels", default=r"fp8", help="regex on the mangled names")
     ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args()
-    data = bytearray(open(args.file, "rb").read())
-    if not re.fullmatch(r"keep|reuse|yield|every[1-9][0-9]*", args.policy):
-        ap.error(f"unknown policy {args.policy!r}")
+    args = ap.parse_args(argv)
+    with open(args.file, "rb") as f:
+        data = bytearray(f.read())
+    if not any(True for _ in cuda_texts(data)):
+        sys.exit(f"sass_yield: no uncompressed CUDA ELF image in {args.file} (build the "
+                 "kernels with -no-compress)")
     try:
-        runs_seen, patched = patch(data, functions(args.file), args.policy, args.kernels)
+        seen, changed = patch(data, args.policy, args.kernels)
     except ValueError as e:
         sys.exit(str(e))
-    print(f"sass_yield: {runs_seen} runs, {patched} rewritten ({args.policy})")
+    print(f"sass_yield: {seen} runs, {changed} instructions rewritten ({args.policy})")
     if not args.dry_run:
-        open(args.file, "wb").write(data)
+        with open(args.file, "wb") as f:
+            f.write(data)
     return 0
 
 
