@@ -545,6 +545,10 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
                                                             for k in range(17)]
     assert [h & ~mask for h in his] == [h & ~mask for h in old]
     assert his[0] == old[0] and his[38:] == old[38:]
+    only = bytearray(blob)  # the FFMA runs alone: the FADD run's words as they were
+    assert tool.patch(only, "every4", ops=("FFMA",))[0] == 1
+    assert only[off + 21 * 16:off + 38 * 16] == blob[off + 21 * 16:off + 38 * 16]
+    assert only[off:off + 21 * 16] == data[off:off + 21 * 16]
     again = bytearray(data)  # idempotent
     assert tool.patch(again, "every4")[1] == 0 and again == data
     path = tmp_path / "m.bin"

@@ -15,7 +15,7 @@ bits 0-7. Control bits of the high word (Volta and later): stall 41-44, yield 45
 yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (a, b, c, d).
 
   python tools/sass_yield.py FILE --policy {keep,reuse,yield,everyN} [--kernels REGEX]
-                             [--dry-run]
+                             [--ops FFMA,FADD] [--dry-run]
 """
 from __future__ import annotations
 
@@ -117,9 +117,9 @@ def rewrite(op, run, policy):
     return new
 
 
-def patch(data: bytearray, policy: str, kernels: str = r"fp8"):
-    """Rewrite the promotion runs of the kernels whose names match `kernels`, in data:
-    (runs seen, instructions changed)."""
+def patch(data: bytearray, policy: str, kernels: str = r"fp8", ops=("FFMA", "FADD")):
+    """Rewrite the promotion runs (of the mnemonics in ops) of the kernels whose names match
+    `kernels`, in data: (runs seen, instructions changed)."""
     if not re.fullmatch(r"keep|reuse|yield|every[1-9][0-9]*", policy):
         raise ValueError(f"sass_yield: unknown policy {policy!r}")
     seen = changed = 0
@@ -127,6 +127,8 @@ def patch(data: bytearray, policy: str, kernels: str = r"fp8"):
         if not re.search(kernels, name):
             continue
         for op, run in runs(data, off, size):
+            if {FFMA: "FFMA", FADD: "FADD"}[op] not in ops:
+                continue
             seen += 1
             for (at, _, hi), new in zip(run, rewrite(op, run, policy)):
                 if new != hi:
@@ -140,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("file")
     ap.add_argument("--policy", required=True, help="keep, reuse, yield or everyN")
     ap.add_argument("--kernels", default=r"fp8", help="regex on the mangled names")
+    ap.add_argument("--ops", default="FFMA,FADD", help="the runs rewritten: FFMA, FADD or both")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     with open(args.file, "rb") as f:
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
         sys.exit(f"sass_yield: no uncompressed CUDA ELF image in {args.file} (build the "
                  "kernels with -no-compress)")
     try:
-        seen, changed = patch(data, args.policy, args.kernels)
+        seen, changed = patch(data, args.policy, args.kernels, args.ops.split(","))
     except ValueError as e:
         sys.exit(str(e))
     print(f"sass_yield: {seen} runs, {changed} instructions rewritten ({args.policy})")
