@@ -555,6 +555,9 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
     path.write_bytes(blob)
     assert tool.main([str(path), "--policy", "yield"]) == 0
     assert path.read_bytes() != blob
+    with pytest.raises(SystemExit, match="no FFMA promotion run"):
+        tool.main([str(path), "--policy", "keep", "--ops", "FFMA", "--kernels", "bf16",
+                   "--require"])
     with pytest.raises(ValueError, match="unknown policy"):
         tool.patch(bytearray(blob), "every")
     (tmp_path / "z.bin").write_bytes(b"\0" * 64)

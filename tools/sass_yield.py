@@ -15,7 +15,7 @@ bits 0-7. Control bits of the high word (Volta and later): stall 41-44, yield 45
 yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (a, b, c, d).
 
   python tools/sass_yield.py FILE --policy {keep,reuse,yield,everyN} [--kernels REGEX]
-                             [--ops FFMA,FADD] [--dry-run]
+                             [--ops FFMA,FADD] [--require] [--dry-run]
 """
 from __future__ import annotations
 
@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", required=True, help="keep, reuse, yield or everyN")
     ap.add_argument("--kernels", default=r"fp8", help="regex on the mangled names")
     ap.add_argument("--ops", default="FFMA,FADD", help="the runs rewritten: FFMA, FADD or both")
+    ap.add_argument("--require", action="store_true",
+                    help="fail where no run is found (a build step: the kernels changed)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     with open(args.file, "rb") as f:
@@ -155,6 +157,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         sys.exit(str(e))
     print(f"sass_yield: {seen} runs, {changed} instructions rewritten ({args.policy})")
+    if args.require and not seen:
+        sys.exit(f"sass_yield: no {args.ops} promotion run in the kernels matching "
+                 f"{args.kernels!r} of {args.file}")
     if not args.dry_run:
         with open(args.file, "wb") as f:
             f.write(data)
