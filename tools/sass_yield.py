@@ -1,9 +1,10 @@
 """Rewrite the scheduling bits of the promotion runs in compiled sm_90a SASS, in place.
 
 A promoted fp8 piece is added into the float32 sums by a run of 64 FADD (per-tensor scales) or
-FFMA (block scales: acc = part * s + acc, one scale register per row). ptxas lets every other
-instruction of such a run yield, and a yielding FFMA drops the operand-reuse cache, so every
-other FFMA reads its scale from the register file again (benchmarks/NOTES.md v77). This tool
+FFMA (block scales: acc = part * s + acc, one scale register per row). On the rows that wait
+for each piece before adding it, ptxas lets every other instruction of such a run yield, and a
+yielding FFMA drops the operand-reuse cache, so every other FFMA reads its scale from the
+register file again (benchmarks/NOTES.md v77). This tool
 sets both bits along the runs by a policy, in any file that holds the kernels' CUDA ELF images
 uncompressed: a cubin, a host object, or the built module (CMake builds the byte kernels with
 -no-compress for this). It reads the images itself (ELF sections .text.<kernel>, 16-byte
