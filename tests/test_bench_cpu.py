@@ -366,15 +366,21 @@ def test_oversized_case_is_skipped_not_run():
     assert bench.format_row(row).split()[-1] != "" and "SKIP" in bench.format_row(row)
 
 
+def _tool(name: str):
+    """tools/<name>.py loaded as a module (tools/ is not a package)."""
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        name, pathlib.Path(__file__).parents[1] / "tools" / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def test_harness_trace_tool_runs(monkeypatch, capsys):
     """tools/harness_trace.py (wall time vs GPU span per product) on a tiny product: one line per
     side with a positive wall time; without a GPU the timeline says it has no GPU events."""
-    import pathlib
     import sys
-    spec = importlib.util.spec_from_file_location(
-        "harness_trace", pathlib.Path(__file__).parents[1] / "tools" / "harness_trace.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tool("harness_trace")
     monkeypatch.setattr(tool, "R", 4)
     monkeypatch.setattr(sys, "argv", ["harness_trace.py", "2x16x24x32"])
     tool.main()
@@ -389,15 +395,11 @@ def test_harness_trace_tool_runs(monkeypatch, capsys):
 def test_pack_ab_tool_runs(monkeypatch, capsys):
     """tools/pack_ab.py (pitch packing on / off / jnp.dot in one harness run) on a tiny product:
     one line with three positive timings; a product this small never packs."""
-    import pathlib
     from jax_tcgemm import configs
     if not configs.CONFIGS:
         pytest.skip("the tool plans with the config table, read from the built extension "
                     "jax_tcgemm._tcgemm (not built here)")
-    spec = importlib.util.spec_from_file_location(
-        "pack_ab", pathlib.Path(__file__).parents[1] / "tools" / "pack_ab.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tool("pack_ab")
     monkeypatch.setattr(tool, "R", 2)
     limit = tool.configs.PITCH_PACK_MIN_FLOP
     assert tool.main(["16x24x520", "--reps", "1"]) == 0
@@ -457,15 +459,6 @@ def test_lowp_and_ragged_suites_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 
-def _sass_tool():
-    import pathlib
-    spec = importlib.util.spec_from_file_location(
-        "sass_yield", pathlib.Path(__file__).parents[1] / "tools" / "sass_yield.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def _cuda_elf(texts, machine=190):
     """A minimal ELF64 image with one .text.<name> section per (name, code) of texts."""
     import struct
@@ -517,7 +510,7 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
     yields at every N-th instruction of a run and keeps the scale in the reuse cache between
     the others, changing nothing else."""
     import struct
-    tool = _sass_tool()
+    tool = _tool("sass_yield")
     code = _promotion_code(tool)
     blob = (b"\x11" * 24 + _cuda_elf([("fp8_kernel", code), ("int8_kernel", code)]) +
             b"\x22" * 40 + _cuda_elf([("fp8_kernel", code)], machine=62))

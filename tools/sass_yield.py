@@ -21,6 +21,7 @@ yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import struct
 import sys
@@ -30,6 +31,7 @@ REUSE_B = 1 << 59        # keep operand b in the reuse cache for the next instru
 MIN_RUN = 16             # shorter runs of FADD / FFMA are left as they are
 EM_CUDA = 190
 FFMA, FADD = 0x223, 0x221
+NAMES = {FFMA: "FFMA", FADD: "FADD"}
 
 
 def cuda_texts(data):
@@ -75,22 +77,16 @@ def runs(data, off, size):
     """[(opcode, [(offset, registers, hi), ...])]: maximal runs of at least MIN_RUN FADD or
     FFMA (one opcode) in a .text section that each add into their destination (Rd = the last
     source): the promotion's sums."""
-    out, cur, cur_op = [], [], None
+    def kind(insn):
+        _, op, regs, _ = insn
+        return op if op in NAMES and regs[0] == regs[-1] else None
 
-    def close():
-        if cur_op in (FFMA, FADD) and len(cur) >= MIN_RUN:
-            out.append((cur_op, list(cur)))
-
-    for at in range(off, off + size, 16):
-        op, regs, hi = decode(data, at)
-        if op != cur_op or regs[0] != regs[-1]:
-            close()
-            cur, cur_op = [], op
-        if op in (FFMA, FADD) and regs[0] == regs[-1]:
-            cur.append((at, regs, hi))
-        else:
-            cur_op = None
-    close()
+    insns = [(at, *decode(data, at)) for at in range(off, off + size, 16)]
+    out = []
+    for op, group in itertools.groupby(insns, key=kind):
+        group = [(at, regs, hi) for at, _, regs, hi in group]
+        if op is not None and len(group) >= MIN_RUN:
+            out.append((op, group))
     return out
 
 
@@ -128,7 +124,7 @@ def patch(data: bytearray, policy: str, kernels: str = r"fp8", ops=("FFMA", "FAD
         if not re.search(kernels, name):
             continue
         for op, run in runs(data, off, size):
-            if {FFMA: "FFMA", FADD: "FADD"}[op] not in ops:
+            if NAMES[op] not in ops:
                 continue
             seen += 1
             for (at, _, hi), new in zip(run, rewrite(op, run, policy)):
@@ -150,7 +146,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.file, "rb") as f:
         data = bytearray(f.read())
-    if not any(True for _ in cuda_texts(data)):
+    if next(cuda_texts(data), None) is None:
         sys.exit(f"sass_yield: no uncompressed CUDA ELF image in {args.file} (build the "
                  "kernels with -no-compress)")
     try:
