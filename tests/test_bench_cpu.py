@@ -556,3 +556,23 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
     (tmp_path / "z.bin").write_bytes(b"\0" * 64)
     with pytest.raises(SystemExit, match="no uncompressed CUDA ELF"):
         tool.main([str(tmp_path / "z.bin"), "--policy", "keep"])
+
+
+def test_built_module_carries_the_every4_promotion_bits():
+    """The build's POST_BUILD step (CMake option TCGEMM_SASS_YIELD, on by default) left the
+    fp8 kernels' block-scale FFMA runs in the every4 form: the tool finds them and has nothing
+    left to change there, while the per-tensor FADD runs keep ptxas's own bits (every4 would
+    change them)."""
+    spec = importlib.util.find_spec("jax_tcgemm._tcgemm")
+    if spec is None or not spec.origin:
+        pytest.skip("CUDA extension jax_tcgemm._tcgemm not built")
+    tool = _tool("sass_yield")
+    with open(spec.origin, "rb") as f:
+        data = bytearray(f.read())
+    kernels = "gemm_sm90_kernel.*fp8"
+    seen, changed = tool.patch(data, "every4", kernels, ("FFMA",))
+    assert seen > 0, f"no fp8 FFMA promotion run in {spec.origin}"
+    assert changed == 0, (f"{changed} FFMA of {seen} runs not in the every4 form: "
+                          f"{spec.origin} was built with TCGEMM_SASS_YIELD=OFF")
+    fadd_seen, fadd_changed = tool.patch(data, "every4", kernels, ("FADD",))
+    assert fadd_seen > 0 and fadd_changed > 0
