@@ -1,6 +1,7 @@
 """CPU tests of jax_tcgemm.bench and jax_tcgemm.timing: case tables (DESIGN §8, the epilogue
 suite of issue 22), the R rule, the CLI, the no-GPU path, the import structure and, with
 --force, the timing harness end to end on tiny shapes (GEMM and epilogue rows)."""
+import csv
 import importlib.util
 import itertools
 import json
@@ -576,3 +577,35 @@ def test_built_module_carries_the_every4_promotion_bits():
                           f"{spec.origin} was built with TCGEMM_SASS_YIELD=OFF")
     fadd_seen, fadd_changed = tool.patch(data, "every4", kernels, ("FADD",))
     assert fadd_seen > 0 and fadd_changed > 0
+
+
+def test_ncu_stalls_report(tmp_path):
+    """tools/ncu_stalls.py report on a synthetic ncu source-page CSV: samples per opcode, the
+    hot loop with a run of FFMA folded into one line, and the samples no stall column names
+    ('other') shown where they are."""
+    tool = _tool("ncu_stalls")
+    header = ["Address", "Source", tool.SAMPLES, tool.EXECUTED, "stall_wait", "stall_dispatch",
+              "stall_wait (Not Issued)"]
+    body = [["0x0", "LDC R1, c[0x0][0x28]", "5", "10", "5", "0", "5"],
+            ["0x10", "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR20], RZ, !UPT", "90", "1000",
+             "10", "0", "0"]]
+    body += [[f"0x{32 + 16 * i:x}", f"FFMA R{4 + i}, R{24 + i}, R90, R{4 + i}", "3", "1000",
+              "1", "2", "0"] for i in range(5)]
+    body += [["0x80", "@!P0 BRA 0x10", "4", "1000", "0", "4", "0"]]
+    path = tmp_path / "src.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "k"])
+        w.writerow(header)
+        w.writerows(body)
+    import io
+    buf = io.StringIO()
+    got = tool.summarise(*tool.read(str(path)), out=buf)
+    assert got["samples"] == 5 + 90 + 15 + 4
+    assert got["by_opcode"]["FFMA"]["samples"] == 15 and got["by_opcode"]["FFMA"]["dispatch"] == 10
+    assert got["by_opcode"]["BRA"]["executed"] == 1000
+    loop = [(op, n, s) for op, n, s, *_ in got["loop"]]
+    assert loop == [("QGMMA", 1, 90), ("FFMA", 5, 15), ("BRA", 1, 4)]  # LDC: not hot
+    text = buf.getvalue()
+    assert "other=80" in text and "[5 x FFMA]" in text and "LDC" in text.split("hot loop")[0]
+    assert tool.opcode("@!P0 BRA 0x10") == "BRA" and tool.opcode("") == "?"
