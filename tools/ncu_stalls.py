@@ -35,10 +35,10 @@ def launch(mode: str, row: str, size: int) -> None:
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (size, size), jnp.float32).astype(jnp.float8_e4m3fn)
     b = (jax.random.normal(kb, (size, size), jnp.float32) / 4).astype(jnp.float8_e4m3fn)
-    kb_ = -(-size // 128)
+    blocks = -(-size // 128)  # 128-blocks of K (and of N): a (M, Kb), b (Nb, Kb) for (N, K) b
     if mode == "block":
-        sa = jax.random.uniform(ka, (size, kb_), jnp.float32, 0.5, 2)
-        sb = jax.random.uniform(kb, (kb_, kb_), jnp.float32, 0.5, 2)
+        sa = jax.random.uniform(ka, (size, blocks), jnp.float32, 0.5, 2)
+        sb = jax.random.uniform(kb, (blocks, blocks), jnp.float32, 0.5, 2)
     else:
         sa, sb = jnp.float32(1.5), jnp.float32(0.75)
     f = jax.jit(lambda *x: tg.scaled_matmul(*x, out_dtype=jnp.bfloat16, transpose_b=True))
@@ -117,9 +117,9 @@ def main(argv=None) -> int:
     la.add_argument("mode", choices=("block", "tensor"))
     la.add_argument("row", help="a config name, e.g. sm90_192x128x64_s4_g3_f8")
     la.add_argument("--size", type=int, default=8192)
-    re_ = sub.add_parser("report")
-    re_.add_argument("csv", nargs="+")
-    re_.add_argument("--hot", type=float, default=0.5)
+    rp = sub.add_parser("report")
+    rp.add_argument("csv", nargs="+")
+    rp.add_argument("--hot", type=float, default=0.5)
     args = ap.parse_args(argv)
     if args.cmd == "launch":
         launch(args.mode, args.row, args.size)
