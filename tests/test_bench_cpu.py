@@ -3,6 +3,7 @@ suite of issue 22), the R rule, the CLI, the no-GPU path, the import structure a
 --force, the timing harness end to end on tiny shapes (GEMM and epilogue rows)."""
 import csv
 import importlib.util
+import io
 import itertools
 import json
 import math
@@ -552,6 +553,8 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
     with pytest.raises(SystemExit, match="no FFMA promotion run"):
         tool.main([str(path), "--policy", "keep", "--ops", "FFMA", "--kernels", "bf16",
                    "--require"])
+    with pytest.raises(SystemExit, match="no FFMA promotion run"):  # --build requires runs
+        tool.main([str(path), "--build", "--dry-run"])  # (no gemm_sm90_kernel here)
     with pytest.raises(ValueError, match="unknown policy"):
         tool.patch(bytearray(blob), "every")
     (tmp_path / "z.bin").write_bytes(b"\0" * 64)
@@ -570,12 +573,13 @@ def test_built_module_carries_the_every4_promotion_bits():
     tool = _tool("sass_yield")
     with open(spec.origin, "rb") as f:
         data = bytearray(f.read())
-    kernels = "gemm_sm90_kernel.*fp8"
-    seen, changed = tool.patch(data, "every4", kernels, ("FFMA",))
+    build = tool.BUILD
+    assert build["policy"] == "every4" and build["ops"] == ("FFMA",)
+    seen, changed = tool.patch(data, build["policy"], build["kernels"], build["ops"])
     assert seen > 0, f"no fp8 FFMA promotion run in {spec.origin}"
     assert changed == 0, (f"{changed} FFMA of {seen} runs not in the every4 form: "
                           f"{spec.origin} was built with TCGEMM_SASS_YIELD=OFF")
-    fadd_seen, fadd_changed = tool.patch(data, "every4", kernels, ("FADD",))
+    fadd_seen, fadd_changed = tool.patch(data, build["policy"], build["kernels"], ("FADD",))
     assert fadd_seen > 0 and fadd_changed > 0
 
 
@@ -598,7 +602,6 @@ def test_ncu_stalls_report(tmp_path):
         w.writerow(["Kernel Name", "k"])
         w.writerow(header)
         w.writerows(body)
-    import io
     buf = io.StringIO()
     got = tool.summarise(*tool.read(str(path)), out=buf)
     assert got["samples"] == 5 + 90 + 15 + 4

@@ -84,10 +84,10 @@ def summarise(header, rows, hot: float = 0.5, out=sys.stdout) -> dict:
     print(f"{int(total)} samples, {sum(num(r, EXECUTED) for r in rows) / 1e6:.1f} M instructions",
           file=out)
     for op, c in sorted(by_op.items(), key=lambda kv: -kv[1]["samples"])[:16]:
-        named = sorted(((v, k) for k, v in c.items() if k not in ("samples", "executed")),
-                       reverse=True)[:4]
+        why = sorted(((v, k) for k, v in c.items() if k not in ("samples", "executed")),
+                     reverse=True)[:4]
         print(f"  {op:10s} {int(c['samples']):7d} samples {c['executed'] / 1e6:8.1f} M  " +
-              ", ".join(f"{k}={int(v)}" for v, k in named if v), file=out)
+              ", ".join(f"{k}={int(v)}" for v, k in why if v), file=out)
     peak = max((num(r, EXECUTED) for r in rows), default=0.0)
     loop = [r for r in rows if peak and num(r, EXECUTED) >= hot * peak]
     print(f"hot loop: {len(loop)} instructions executed >= {hot:g} x {peak / 1e6:.2f} M", file=out)

@@ -17,6 +17,7 @@ yield), write / read barrier 46-48 / 49-51, wait mask 52-57, reuse flags 58-61 (
 
   python tools/sass_yield.py FILE --policy {keep,reuse,yield,everyN} [--kernels REGEX]
                              [--ops FFMA,FADD] [--require] [--dry-run]
+  python tools/sass_yield.py FILE --build [--dry-run]   the build's rewrite (BUILD, --require)
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ MIN_RUN = 16             # shorter runs of FADD / FFMA are left as they are
 EM_CUDA = 190
 FFMA, FADD = 0x223, 0x221
 NAMES = {FFMA: "FFMA", FADD: "FADD"}
+# What the build applies to the module (CMake's POST_BUILD step, option TCGEMM_SASS_YIELD;
+# benchmarks/NOTES.md v77-v78): the fp8 kernels' block-scale FFMA runs, every fourth yielding;
+# the per-tensor FADD runs keep ptxas's bits.
+BUILD = {"policy": "every4", "kernels": r"gemm_sm90_kernel.*fp8", "ops": ("FFMA",)}
 
 
 def cuda_texts(data):
@@ -137,13 +142,20 @@ def patch(data: bytearray, policy: str, kernels: str = r"fp8", ops=("FFMA", "FAD
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--policy", required=True, help="keep, reuse, yield or everyN")
+    ap.add_argument("--policy", help="keep, reuse, yield or everyN")
+    ap.add_argument("--build", action="store_true",
+                    help="the build's rewrite (BUILD: policy, kernels, ops), with --require")
     ap.add_argument("--kernels", default=r"fp8", help="regex on the mangled names")
     ap.add_argument("--ops", default="FFMA,FADD", help="the runs rewritten: FFMA, FADD or both")
     ap.add_argument("--require", action="store_true",
                     help="fail where no run is found (a build step: the kernels changed)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    if args.build:
+        args.policy, args.kernels, args.ops, args.require = (
+            BUILD["policy"], BUILD["kernels"], ",".join(BUILD["ops"]), True)
+    elif args.policy is None:
+        ap.error("one of --policy or --build is required")
     with open(args.file, "rb") as f:
         data = bytearray(f.read())
     if next(cuda_texts(data), None) is None:
