@@ -233,7 +233,9 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
 
   // Consumers.
   ptx::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int cw = wg - 1;
+  // the consumer warpgroup, through a shuffle from lane 0: ptxas then knows it is warp-uniform
+  // and builds the wgmma descriptors of A in uniform registers (8-bit operands)
+  const int cw = (Ops::kBytes == 1 ? __shfl_sync(~0u, wg, 0) : wg) - 1;
   // Cooperative: every item, m64 blocks [mb0, mb0 + kMB) of its tile. Ping-pong: items cw,
   // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
   // (the other warpgroups') are skipped.
