@@ -583,6 +583,22 @@ def test_built_module_carries_the_every4_promotion_bits():
     assert fadd_seen > 0 and fadd_changed > 0
 
 
+def test_built_module_issues_fp8_pieces_from_uniform_descriptors():
+    """The fp8 sm90 kernels of the built module issue each piece's QGMMA with no R2UR between
+    them: the consumer warpgroup's index is broadcast from lane 0, so A's wgmma descriptors are
+    built in uniform registers (benchmarks/NOTES.md v82; d83cb26's module had an R2UR in 87 of
+    its 102 such gaps)."""
+    spec = importlib.util.find_spec("jax_tcgemm._tcgemm")
+    if spec is None or not spec.origin:
+        pytest.skip("CUDA extension jax_tcgemm._tcgemm not built")
+    tool = _tool("sass_yield")
+    with open(spec.origin, "rb") as f:
+        data = f.read()
+    gaps, with_r2ur = tool.issue_gaps(data)
+    assert gaps > 0, f"no fp8 QGMMA pieces found in {spec.origin}"
+    assert with_r2ur == 0, f"{with_r2ur} of {gaps} QGMMA issue gaps move a descriptor by R2UR"
+
+
 def test_ncu_stalls_report(tmp_path):
     """tools/ncu_stalls.py report on a synthetic ncu source-page CSV: samples per opcode, the
     hot loop with a run of FFMA folded into one line, and the samples no stall column names

@@ -32,6 +32,8 @@ REUSE_B = 1 << 59        # keep operand b in the reuse cache for the next instru
 MIN_RUN = 16             # shorter runs of FADD / FFMA are left as they are
 EM_CUDA = 190
 FFMA, FADD = 0x223, 0x221
+QGMMA, R2UR = 0x9F3, 0x2CA  # fp8 wgmma; a vector register moved into a uniform one
+PIECE_GAP = 16              # QGMMA at most this many instructions apart: one piece's issues
 NAMES = {FFMA: "FFMA", FADD: "FADD"}
 # What the build applies to the module (CMake's POST_BUILD step, option TCGEMM_SASS_YIELD;
 # benchmarks/NOTES.md v77-v78): the fp8 kernels' block-scale FFMA runs, every fourth yielding;
@@ -93,6 +95,24 @@ def runs(data, off, size):
         if op is not None and len(group) >= MIN_RUN:
             out.append((op, group))
     return out
+
+
+def issue_gaps(data, kernels=r"gemm_sm90_kernel.*fp8"):
+    """(gaps, with_r2ur): the stretches between consecutive QGMMA of one piece (at most
+    PIECE_GAP instructions apart) in the kernels matching `kernels`, and how many of them hold
+    an R2UR, i.e. a wgmma descriptor built in vector registers and moved over before its issue
+    (benchmarks/NOTES.md v82: the 8-bit kernels build A's in uniform registers)."""
+    gaps = with_r2ur = 0
+    for name, off, size in cuda_texts(data):
+        if not re.search(kernels, name):
+            continue
+        ops = [decode(data, at)[0] for at in range(off, off + size, 16)]
+        issues = [i for i, op in enumerate(ops) if op == QGMMA]
+        for a, b in zip(issues, issues[1:]):
+            if b - a <= PIECE_GAP:
+                gaps += 1
+                with_r2ur += R2UR in ops[a + 1:b]
+    return gaps, with_r2ur
 
 
 def rewrite(op, run, policy):
