@@ -562,23 +562,28 @@ def test_sass_yield_rewrites_promotion_runs_only(tmp_path):
         tool.main([str(tmp_path / "z.bin"), "--policy", "keep"])
 
 
+def _built_module():
+    """(path, bytes) of the installed CUDA extension; the test skips where it is not built."""
+    spec = importlib.util.find_spec("jax_tcgemm._tcgemm")
+    if spec is None or not spec.origin:
+        pytest.skip("CUDA extension jax_tcgemm._tcgemm not built")
+    with open(spec.origin, "rb") as f:
+        return spec.origin, bytearray(f.read())
+
+
 def test_built_module_carries_the_every4_promotion_bits():
     """The build's POST_BUILD step (CMake option TCGEMM_SASS_YIELD, on by default) left the
     fp8 kernels' block-scale FFMA runs in the every4 form: the tool finds them and has nothing
     left to change there, while the per-tensor FADD runs keep ptxas's own bits (every4 would
     change them)."""
-    spec = importlib.util.find_spec("jax_tcgemm._tcgemm")
-    if spec is None or not spec.origin:
-        pytest.skip("CUDA extension jax_tcgemm._tcgemm not built")
+    origin, data = _built_module()
     tool = _tool("sass_yield")
-    with open(spec.origin, "rb") as f:
-        data = bytearray(f.read())
     build = tool.BUILD
     assert build["policy"] == "every4" and build["ops"] == ("FFMA",)
     seen, changed = tool.patch(data, build["policy"], build["kernels"], build["ops"])
-    assert seen > 0, f"no fp8 FFMA promotion run in {spec.origin}"
+    assert seen > 0, f"no fp8 FFMA promotion run in {origin}"
     assert changed == 0, (f"{changed} FFMA of {seen} runs not in the every4 form: "
-                          f"{spec.origin} was built with TCGEMM_SASS_YIELD=OFF")
+                          f"{origin} was built with TCGEMM_SASS_YIELD=OFF")
     fadd_seen, fadd_changed = tool.patch(data, build["policy"], build["kernels"], ("FADD",))
     assert fadd_seen > 0 and fadd_changed > 0
 
@@ -588,14 +593,10 @@ def test_built_module_issues_fp8_pieces_from_uniform_descriptors():
     them: the consumer warpgroup's index is broadcast from lane 0, so A's wgmma descriptors are
     built in uniform registers (benchmarks/NOTES.md v82; d83cb26's module had an R2UR in 87 of
     its 102 such gaps)."""
-    spec = importlib.util.find_spec("jax_tcgemm._tcgemm")
-    if spec is None or not spec.origin:
-        pytest.skip("CUDA extension jax_tcgemm._tcgemm not built")
+    origin, data = _built_module()
     tool = _tool("sass_yield")
-    with open(spec.origin, "rb") as f:
-        data = f.read()
     gaps, with_r2ur = tool.issue_gaps(data)
-    assert gaps > 0, f"no fp8 QGMMA pieces found in {spec.origin}"
+    assert gaps > 0, f"no fp8 QGMMA pieces found in {origin}"
     assert with_r2ur == 0, f"{with_r2ur} of {gaps} QGMMA issue gaps move a descriptor by R2UR"
 
 

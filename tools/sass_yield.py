@@ -38,7 +38,8 @@ NAMES = {FFMA: "FFMA", FADD: "FADD"}
 # What the build applies to the module (CMake's POST_BUILD step, option TCGEMM_SASS_YIELD;
 # benchmarks/NOTES.md v77-v78): the fp8 kernels' block-scale FFMA runs, every fourth yielding;
 # the per-tensor FADD runs keep ptxas's bits.
-BUILD = {"policy": "every4", "kernels": r"gemm_sm90_kernel.*fp8", "ops": ("FFMA",)}
+FP8_SM90 = r"gemm_sm90_kernel.*fp8"  # the sm90 fp8 kernels' mangled names
+BUILD = {"policy": "every4", "kernels": FP8_SM90, "ops": ("FFMA",)}
 
 
 def cuda_texts(data):
@@ -97,7 +98,7 @@ def runs(data, off, size):
     return out
 
 
-def issue_gaps(data, kernels=r"gemm_sm90_kernel.*fp8"):
+def issue_gaps(data, kernels=FP8_SM90):
     """(gaps, with_r2ur): the stretches between consecutive QGMMA of one piece (at most
     PIECE_GAP instructions apart) in the kernels matching `kernels`, and how many of them hold
     an R2UR, i.e. a wgmma descriptor built in vector registers and moved over before its issue
