@@ -51,7 +51,6 @@
 #include "kernels/sm90/operands_sm90.cuh"  // Sm90Operands
 #include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
 #include "host/gemm_params.h"
-#include "ptx/cluster.cuh"  // paired blocks (GemmParams::pair_tiles)
 #include "ptx/cp_async.cuh"  // staged b block scales (cp.async)
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
@@ -166,25 +165,13 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // block scales, each of its threads once done with the stage's scales (a warp's lanes are
   // not ordered by another warp's wait, nor for compute-sanitizer by __syncwarp)
   constexpr int kEmptyArrivals = kStagedScales ? 128 : 1;
-  // Paired blocks (GemmParams::pair_tiles, Sm90PairsTiles): the two blocks of a cluster run
-  // neighbouring tiles of one tile row, items w = cluster, + clusters, ...; each block's
-  // producer copies half of their A k tile into both blocks' stage (TMA multicast), so a stage
-  // is refilled once both blocks' consumers are done with it: each consumer warpgroup's thread
-  // 0 also arrives on the other block's empty barrier.
-  constexpr bool kPairable = Sm90PairsTiles(CFG) && Ops::kBytes == 1 && A_KMAJOR;
-  const bool paired = kPairable && p.pair_tiles;
-  const int rank = paired ? static_cast<int>(ptx::cluster_rank()) : -1;
-  const int64_t w_block = paired ? blockIdx.x / 2 : blockIdx.x;  // the first item
-  const int64_t w_grid = paired ? gridDim.x / 2 : gridDim.x;     // items apart
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
-      // kEmptyArrivals per consumer warpgroup that reads the stage (and, paired, one per
-      // consumer warpgroup of the other block)
-      ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kEmptyArrivals +
-                                           (paired ? Tr::kConsumers : 0));
+      // kEmptyArrivals per consumer warpgroup that reads the stage
+      ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kEmptyArrivals);
     }
     ptx::fence_mbarrier_init();
   }
@@ -193,12 +180,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       ptx::st_shared_zero16(smem + Tr::kScaleOffset + 16 * i);
     ptx::fence_proxy_async_shared();
   }
-  if (paired) {  // both blocks' barriers are initialised before either's copies or arrivals
-    ptx::cluster_arrive();
-    ptx::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -215,7 +197,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     uint32_t phase = 0;
     const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
     Sm90Work wk;
-    for (int64_t w = w_block; sched.next(p, w, wk, rank); w += w_grid) {
+    for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
       for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
@@ -241,14 +223,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
           }
         }
         if (scale_bytes == 0) ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
-        if (paired) {  // this block's half of the pair's A rows, into both blocks
-          constexpr int kHalf = Tr::kBM / 2;  // rows (map_a's box), 128 bytes each
-          ptx::tma_load_3d_multicast(a_stage(s) + rank * kHalf * 128, &map_a, full_bar(s), k0,
-                                     m0 + rank * kHalf, wk.za, 0x3);
-        } else {
-          tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0,
-                                                        wk.za);
-        }
+        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
         tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
         if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
@@ -265,8 +240,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
   // (the other warpgroups') are skipped.
   const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
-  const int64_t w_first = w_block + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
-  const int64_t w_step = w_grid * (Tr::kPingPong ? Tr::kConsumers : 1);
+  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
+  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
   // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
   // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
   // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
@@ -281,14 +256,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr bool kTurns = Ops::kPromote && Ops::kBytes != 1 && !Tr::kPingPong &&
                           Tr::kConsumers == 2;
   const uint32_t piece_wait = 5 + cw, piece_give = 5 + (1 - cw);
-  // Paired: thread 0's shared::cluster address of the other block's empty barrier of stage 0
-  // (stage s's is 8 s bytes on), 0 for the other threads and unpaired; through an identity
-  // shuffle, so that ptxas keeps it rather than rebuild it from the thread index every k tile.
-  uint32_t peer_empty = 0;
-  if constexpr (kPairable) {
-    peer_empty = __shfl_sync(~0u, paired && t == 0 ? ptx::map_to_rank(empty_bar(0), rank ^ 1) : 0u,
-                             threadIdx.x & 31);
-  }
   bool piece_first = cw == 0;
   // k-tile zeroing (ragged contraction): the threads that read the stage, their barrier
   constexpr int kZeroThreads = Tr::kPingPong ? 128 : 128 * Tr::kConsumers;
@@ -310,7 +277,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // block scales: benchmarks/NOTES.md v44).
   constexpr bool kOverlap = kStagedScales && Tr::kMB == 1 && kHalves == 1 &&
                             !Tr::kPingPong && Tr::kConsumerRegs >= 232;
-  static_assert(!(kOverlap && kPairable), "paired blocks release stages in the k-tile loop");
   float part2[kOverlap ? 64 : 1];
   // An epilogue of no more than alpha (a number, or read from the device) takes the short path
   // (store_block); any other the full one (epi_block). The planner's rule for which products
@@ -390,7 +356,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       }
       w_seen = w + gridDim.x;
     }
-    if (!sched.next(p, w, wk, rank)) break;
+    if (!sched.next(p, w, wk)) break;
     if constexpr (Tr::kPingPong) {
       if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
     }
@@ -528,8 +494,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             if (mb == Tr::kMB - 1 && h == kHalves - 1 && (kStagedScales || t == 0)) {
               ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
-              if (peer_empty)  // (the other block's copy of this block's A half too)
-                ptx::mbarrier_arrive_cluster(peer_empty + 8 * s);
             }
             add_piece(part, mb, h, kBlockScales && p.block_sa, csa[mb], csb[h], ps);
           }
@@ -601,10 +565,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   }
   if constexpr (kTurns) {  // warpgroup 1's arrival after its last piece
     if (cw == 0 && !piece_first) ptx::named_barrier_sync(piece_wait, 256);
-  }
-  if (paired) {  // the other block's last arrivals on this block's barriers have landed
-    ptx::cluster_arrive();
-    ptx::cluster_wait();
   }
   if (p.ragged.mode == RaggedMode::kRows) {
     // Rows past the last group are zeros, written by all blocks' consumers.
