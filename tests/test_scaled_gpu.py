@@ -358,7 +358,8 @@ def test_every_fp8_row(row, monkeypatch):
     """Each sm90 row with fp8 kernels, forced (whatever the planner would pick), with 1-3 K
     slices: block and per-tensor scales, M not a multiple of 4 (the staged rows' padded scale
     rows), both b layouts, e4m3 / e5m2 pairs, bfloat16 and float32 out, N of one to nine
-    column tiles; against float64."""
+    column tiles (paired rows: an unpaired last column; two tile rows of column pairs, split
+    in two); against float64."""
     from jax_tcgemm import scaled
     fails = []
     for (m, n, k), tb, split, pair, out_dtype in (((130, 300, 1024), False, 1, PAIRS[0], F32),
@@ -366,7 +367,8 @@ def test_every_fp8_row(row, monkeypatch):
                                                  ((509, 260, 640), True, 1, PAIRS[2], BF16),
                                                  ((509, 260, 640), True, 2, PAIRS[0], F32),
                                                  ((97, 129, 512), True, 1, PAIRS[1], F32),
-                                                 ((70, 1100, 384), True, 1, PAIRS[0], BF16)):
+                                                 ((70, 1100, 384), True, 1, PAIRS[0], BF16),
+                                                 ((250, 512, 1024), False, 2, PAIRS[2], F32)):
         monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
         for block in (True, False):
             rng = np.random.default_rng(seed_of("row", row, m, split, block))
