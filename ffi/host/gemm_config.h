@@ -138,17 +138,6 @@ constexpr bool Sm90StagesScales(int cfg) {
   return c.kind == Kind::kSm90 && Sm90SmemBytes(c) + Sm90ScaleBytes(c) <= 226 * 1024;
 }
 
-// Whether sm90 config cfg's kernels can run as block pairs (GemmParams::pair_tiles): the
-// fp8-only row of three consumer warpgroups, whose 192-row A k tile is the larger operand. A
-// cluster of two blocks takes two neighbouring tiles of a tile row, and each block's TMA
-// multicasts half of the A k tile they share into both, so A crosses from L2 once per pair
-// (benchmarks/NOTES.md v84). LaunchSm90 pairs where the tile columns come in pairs (or an
-// unpaired last one wastes at most a ninth of the work).
-constexpr bool Sm90PairsTiles(int cfg) {
-  const GemmConfig& c = kConfigs[cfg];
-  return c.kind == Kind::kSm90 && c.fp8_only && c.consumers == 3;
-}
-
 // Whether config cfg has kernels for 16-bit operands: every row but the fp8-only and narrow ones.
 constexpr bool Has16BitKernels(int cfg) {
   return !kConfigs[cfg].fp8_only && kConfigs[cfg].kind != Kind::kNarrow;

@@ -115,9 +115,6 @@ struct GemmParams {
                                // workspace): 1 each slice sums a share of the tile's rows
                                // (pull), 2 the other slice pushes its tile to the leader (two
                                // slices of a ConfigTraits::kPushReduce config); 0: no cluster
-  int pair_tiles = 0;          // sm90 rows that pair tiles (Sm90PairsTiles), set by LaunchSm90:
-                               // the two blocks of a cluster take tiles 2j and 2j + 1 of a tile
-                               // row, and each multicasts half of their shared A k tile to both
   int64_t lda, ldb;            // leading dimensions (elements between rows as stored; set by
                                // the dispatcher: the contiguous extent, or that of a packed copy)
   EpilogueParams epi;

@@ -1,5 +1,5 @@
 // Thread block cluster primitives (sm_90): the block's rank in its cluster, the split cluster
-// barrier, distributed shared memory addressing, stores and remote mbarrier arrivals.
+// barrier, distributed shared memory addressing and stores.
 // PTX ISA 8.x, sections 10.13 (%cluster_ctarank), 9.7.13.3
 // "barrier.cluster", 9.7.9.22 "mapa" and 9.7.9.10 "st" (.shared::cluster).
 #pragma once
@@ -46,16 +46,6 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
 #endif
   return r;
-}
-
-// One arrival on the mbarrier at shared::cluster address `bar` (another block's: map_to_rank),
-// with mbarrier.arrive's default semantics (release at CTA scope: the .cluster scope adds a
-// GPU-wide memory barrier before it; the arrival only reports that the stage's reads, which
-// this block's own barrier already ordered, are complete).
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
 }
 
 // 8-byte store of two floats to a shared::cluster address (possibly another block's).

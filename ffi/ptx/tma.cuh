@@ -77,19 +77,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 #endif
 }
 
-// tma_load_3d's box written to `dst` in every block of the cluster that `mask` names (bit r:
-// rank r), each copy completing its bytes on the mbarrier at offset `bar` in that block.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* map, uint32_t bar,
-                                                      int c0, int c1, int c2, uint16_t mask) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
-      : "memory");
-#endif
-}
-
 // Copies `bytes` (a multiple of 16) contiguous bytes at `src` (16-byte aligned) into shared
 // memory at `dst` (16-byte aligned) with the bulk-copy unit (cp.async.bulk, PTX 9.7.9.25.4.1),
 // completing them on mbarrier `bar` (count them in its expect_tx).

@@ -51,7 +51,6 @@
 #include "kernels/sm90/operands_sm90.cuh"  // Sm90Operands
 #include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
 #include "host/gemm_params.h"
-#include "ptx/cluster.cuh"  // paired blocks (GemmParams::pair_tiles)
 #include "ptx/cp_async.cuh"  // staged b block scales (cp.async)
 #include "ptx/ldmatrix.cuh"  // cvta_to_shared
 #include "ptx/tma.cuh"
@@ -90,9 +89,8 @@ struct Sm90Traits {
   static constexpr int SmemBytes() { return kSmemBytes + (StagedScales<Ops>() ? kScaleBytes : 0); }
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   // Three consumer warpgroups (512 threads, 128 registers each at entry) share 65536: 160
-  // each, 32 for the producer (its loop holds a tile's coordinates, the tensor maps' address
-  // and, paired, the other block's barrier; at 24 it spilled).
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
+  // each, 24 for the producer (its loop holds a tile's coordinates and the tensor maps' address).
+  static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
 
   static_assert(c.kind == Kind::kSm90, "Sm90Traits describes sm90 rows only");
@@ -167,19 +165,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // block scales, each of its threads once done with the stage's scales (a warp's lanes are
   // not ordered by another warp's wait, nor for compute-sanitizer by __syncwarp)
   constexpr int kEmptyArrivals = kStagedScales ? 128 : 1;
-  // Paired blocks (GemmParams::pair_tiles, Sm90PairsTiles): the two blocks of a cluster run
-  // neighbouring tiles of one tile row, items w = cluster, + clusters, ...; each block's
-  // producer copies half of their A k tile into both blocks' stage (TMA multicast), so a stage
-  // is refilled only once both blocks' consumers are done with it. The producers tell each
-  // other: once its own consumers have released stage s, a producer arrives on the other
-  // block's peer barrier of s, then waits on its own (the consumers' loop is unchanged).
-  constexpr bool kPairable = Sm90PairsTiles(CFG) && Ops::kBytes == 1 && A_KMAJOR;
-  __shared__ __align__(8) uint64_t peer[kPairable ? Tr::kStages : 1];
-  auto peer_bar = [&](int s) { return ptx::cvta_to_shared(&peer[s]); };
-  const bool paired = kPairable && p.pair_tiles;
-  const int rank = paired ? static_cast<int>(ptx::cluster_rank()) : -1;
-  const int64_t w_block = paired ? blockIdx.x / 2 : blockIdx.x;  // the first item
-  const int64_t w_grid = paired ? gridDim.x / 2 : gridDim.x;     // items apart
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
@@ -187,7 +172,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       ptx::mbarrier_init(full_bar(s), 1);                // the producer's arrive.expect_tx
       // kEmptyArrivals per consumer warpgroup that reads the stage
       ptx::mbarrier_init(empty_bar(s), (Tr::kPingPong ? 1 : Tr::kConsumers) * kEmptyArrivals);
-      if (paired) ptx::mbarrier_init(peer_bar(s), 1);  // the other block's producer
     }
     ptx::fence_mbarrier_init();
   }
@@ -196,12 +180,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       ptx::st_shared_zero16(smem + Tr::kScaleOffset + 16 * i);
     ptx::fence_proxy_async_shared();
   }
-  if (paired) {  // both blocks' barriers are initialised before either's copies or arrivals
-    ptx::cluster_arrive();
-    ptx::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -216,20 +195,12 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     const bool copy_scales = kStagedScales && p.block_sa;
     int s = 0;
     uint32_t phase = 0;
-    // paired: the other block's peer barrier of stage 0 (stage s's is 8 s bytes on), and
-    // whether the stages have all been filled once (each refill waits for both blocks)
-    const uint32_t peer_other = paired ? ptx::map_to_rank(peer_bar(0), rank ^ 1) : 0;
-    bool refill = false;
     const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
     Sm90Work wk;
-    for (int64_t w = w_block; sched.next(p, w, wk, rank); w += w_grid) {
+    for (int64_t w = blockIdx.x; sched.next(p, w, wk); w += gridDim.x) {
       const int m0 = static_cast<int>(wk.m0), n0 = static_cast<int>(wk.n0);
       for (int kt = 0; kt < wk.ktiles; ++kt) {
         ptx::mbarrier_wait(empty_bar(s), phase ^ 1);
-        if (paired && refill) {  // this block's stage s is free; then the other block's
-          ptx::mbarrier_arrive_cluster(peer_other + 8 * s);
-          ptx::mbarrier_wait(peer_bar(s), phase ^ 1);
-        }
         const int k0 = wk.kbase + kt * kKTile;
         uint32_t scale_bytes = 0;
         if constexpr (kStagedScales) {
@@ -252,20 +223,11 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
           }
         }
         if (scale_bytes == 0) ptx::mbarrier_arrive_expect_tx(full_bar(s), Tr::kStageBytes);
-        if (paired) {  // this block's half of the pair's A rows, into both blocks
-          constexpr int kHalf = Tr::kBM / 2;  // rows (map_a's box), 128 bytes each
-          ptx::tma_load_3d_multicast(a_stage(s) + rank * kHalf * 128, &map_a, full_bar(s), k0,
-                                     m0 + rank * kHalf, wk.za, 0x3);
-        } else {
-          tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0,
-                                                        wk.za);
-        }
+        tma_load_operand<A_KMAJOR, Tr::kBM, Tr::kBox>(a_stage(s), &map_a, full_bar(s), k0, m0, wk.za);
         tma_load_operand<B_KMAJOR, Tr::kBN, Tr::kBox>(b_stage(s), &map_b, full_bar(s), k0, n0, wk.zb);
-        if (++s == Tr::kStages) { s = 0; phase ^= 1; refill = true; }
+        if (++s == Tr::kStages) { s = 0; phase ^= 1; }
       }
     }
-    // (Paired: each arrival on the other block's barriers, and each copy into its shared
-    // memory, is waited for there, so neither block exits while the other still reaches it.)
     return;
   }
 
@@ -278,8 +240,8 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   // cw + kConsumers, ... of the block's list, whole tiles; the stages of the items in between
   // (the other warpgroups') are skipped.
   const int mb0 = Tr::kPingPong ? 0 : cw * Tr::kMB;
-  const int64_t w_first = w_block + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
-  const int64_t w_step = w_grid * (Tr::kPingPong ? Tr::kConsumers : 1);
+  const int64_t w_first = blockIdx.x + (Tr::kPingPong ? int64_t(cw) * gridDim.x : 0);
+  const int64_t w_step = int64_t(gridDim.x) * (Tr::kPingPong ? Tr::kConsumers : 1);
   // Ping-pong: the warpgroups' main loops take turns. Warpgroup c starts a main loop only once
   // the other has issued its previous one (named barrier 3 + c): the full barriers are waited
   // on by phase parity, which tells apart only neighbouring phases, so a warpgroup must never
@@ -394,7 +356,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       }
       w_seen = w + gridDim.x;
     }
-    if (!sched.next(p, w, wk, rank)) break;
+    if (!sched.next(p, w, wk)) break;
     if constexpr (Tr::kPingPong) {
       if (w >= int64_t(blockIdx.x) + gridDim.x) ptx::named_barrier_sync(my_turn, 256);
     }

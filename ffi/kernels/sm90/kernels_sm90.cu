@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "host/gemm_dispatch.h"
@@ -69,21 +68,6 @@ std::atomic<uint64_t> g_configured[2][kNumConfigs][4];
 std::atomic<uint64_t> g_byte_configured[3][3][kNumConfigs];
 std::atomic<uint64_t> g_tf32_configured[kNumConfigs];
 std::atomic<uint64_t> g_f16x3_configured[kNumConfigs];
-// Paired launches (Sm90PairsTiles): clusters of two blocks resident at once, per config and
-// device (cudaOccupancyMaxActiveClusters; 0: not asked yet).
-constexpr int kPairDevices = 16;
-std::atomic<int> g_pair_clusters[kNumConfigs][kPairDevices];
-
-// Whether a product of `tiles_n` tile columns runs paired: in pairs of columns, where the last
-// pair's second column (past N: loads of zeros, nothing stored) is at most a tenth of the
-// columns. TCGEMM_PAIR_TILES=0 turns pairing off (for measurements).
-bool PairColumns(int64_t tiles_n) {
-  static const bool off = [] {
-    const char* e = std::getenv("TCGEMM_PAIR_TILES");
-    return e && e[0] == '0';
-  }();
-  return !off && tiles_n >= 2 && (tiles_n % 2 == 0 || tiles_n >= 9);
-}
 
 }  // namespace
 
@@ -100,14 +84,7 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
     return "float32 operands run K-major (A as [M][K], B as [N][K]) and both float32";
   if (!byte) b_type = in_type;
   const bool ragged = p.ragged.mode != RaggedMode::kNone;
-  // paired blocks (GemmParams::pair_tiles): work items are pairs of tile columns. Not with
-  // block scales: their stages are released later, and the producers' handshake made the
-  // paired blocks run 6% more cycles (benchmarks/NOTES.md v85).
-  const bool paired = byte && !ragged && !p.block_sa && Sm90PairsTiles(config) &&
-                      PairColumns(p.tiles_n);
-  const int64_t work = ragged   ? int64_t(sms)
-                       : paired ? int64_t(p.tiles_m) * ((p.tiles_n + 1) / 2) * p.batch * p.split_k
-                                : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
+  const int64_t work = ragged ? int64_t(sms) : int64_t(p.tiles_m) * p.tiles_n * p.batch * p.split_k;
   // B's items: the groups' matrices (ragged rows), the batch, or one shared matrix.
   const int64_t b_items = p.ragged.mode == RaggedMode::kRows ? std::max(p.ragged.groups, 1)
                                                             : (p.stride_b ? p.batch : 1);
@@ -133,7 +110,7 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
   const int64_t a_cols = a_kmajor ? p.k : p.m, a_rows = a_kmajor ? p.m : p.k;
   const int64_t b_cols = b_kmajor ? p.k : p.n, b_rows = b_kmajor ? p.n : p.k;
   std::string err = EncodeOperand(&map_a, in_type, p.a, a_cols, a_rows, p.stride_a ? p.batch : 1,
-                                  p.lda, p.stride_a, a_kmajor ? k.bm / (paired ? 2 : 1) : 64);
+                                  p.lda, p.stride_a, a_kmajor ? k.bm : 64);
   if (err.empty())
     err = EncodeOperand(&map_b, b_type, p.b, b_cols, b_rows, b_items, p.ldb, p.stride_b,
                         b_kmajor ? k.bn : 64);
@@ -146,35 +123,14 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
                            : g_configured[int(in_type)][config][layout];
   if (std::string e = RaiseSmemLimit(k.fn, k.smem_bytes, raised, device); !e.empty()) return e;
 
-  unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work, std::max(sms, 1)));
   GemmParams pc = p;
-  pc.pair_tiles = paired;
   void* args[] = {&pc, &map_a, &map_b};
   cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(blocks);
   launch.blockDim = dim3(k.threads);
   launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
   launch.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  if (paired) {  // clusters of two, as many as are resident at once (or as there are items)
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = 2;
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    launch.attrs = cluster;
-    launch.numAttrs = 1;
-    std::atomic<int>* known = device >= 0 && device < kPairDevices
-                                  ? &g_pair_clusters[config][device] : nullptr;
-    int clusters = known ? known->load(std::memory_order_relaxed) : 0;
-    if (clusters == 0) {
-      launch.gridDim = dim3(2 * std::max(sms / 2, 1));
-      const cudaError_t q = cudaOccupancyMaxActiveClusters(&clusters, k.fn, &launch);
-      if (q != cudaSuccess) return std::string("sm90 paired launch: ") + cudaGetErrorString(q);
-      if (clusters < 1) return "sm90 paired launch: no cluster of two blocks fits";
-      if (known) known->store(clusters, std::memory_order_relaxed);
-    }
-    blocks = static_cast<unsigned>(2 * std::min<int64_t>(work, clusters));
-  }
-  launch.gridDim = dim3(blocks);
   cudaError_t e = cudaLaunchKernelExC(&launch, k.fn, args);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) return std::string("sm90 kernel launch: ") + cudaGetErrorString(e);

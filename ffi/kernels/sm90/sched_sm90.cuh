@@ -41,18 +41,13 @@ struct Sm90Sched {
   // consumers' accumulators leave no registers for it (kept in registers, a cursor made ptxas
   // spill; the walk costs O(groups) cached loads per item). (p is passed, not kept: a
   // reference member would hold the kernel parameter's generic address.)
-  // `rank` >= 0 (paired blocks, GemmParams::pair_tiles): w is the cluster's item, a pair of
-  // tile columns 2j, 2j + 1 (the second may lie past N: its loads read zeros, nothing of it
-  // is stored), and the block takes column 2j + rank.
-  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r, int rank = -1) const {
+  __device__ bool next(const GemmParams& p, int64_t w, Sm90Work& r) const {
     const int ktiles_all = static_cast<int>((p.k + BK - 1) / BK);
     if (p.ragged.mode == RaggedMode::kNone) {
-      const int64_t cols = rank >= 0 ? (p.tiles_n + 1) / 2 : p.tiles_n;
-      const int64_t tiles = int64_t(p.tiles_m) * cols;
+      const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
       if (w >= tiles * p.batch * p.split_k) return false;
       int64_t mt, nt;
-      raster(w % tiles, p.tiles_m, cols, mt, nt);
-      if (rank >= 0) nt = 2 * nt + rank;
+      raster(w % tiles, p.tiles_m, p.tiles_n, mt, nt);
       const int64_t rest = w / tiles;
       r.m0 = static_cast<int>(mt * BM);
       r.n0 = static_cast<int>(nt * BN);
