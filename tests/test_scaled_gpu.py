@@ -358,8 +358,7 @@ def test_every_fp8_row(row, monkeypatch):
     """Each sm90 row with fp8 kernels, forced (whatever the planner would pick), with 1-3 K
     slices: block and per-tensor scales, M not a multiple of 4 (the staged rows' padded scale
     rows), both b layouts, e4m3 / e5m2 pairs, bfloat16 and float32 out, N of one to nine
-    column tiles (paired rows: an unpaired last column; two tile rows of column pairs, split
-    in two); against float64."""
+    column tiles, two tile rows with K split in two; against float64."""
     from jax_tcgemm import scaled
     fails = []
     for (m, n, k), tb, split, pair, out_dtype in (((130, 300, 1024), False, 1, PAIRS[0], F32),
