@@ -113,7 +113,7 @@ struct Sm90Traits {
 // byte offsets (all >> 4), 128-byte swizzle. K-major tiles: 8-row core-matrix groups 1024 bytes
 // apart (stride), the leading offset unused. M/N-major tiles: 8-k-row groups 1024 bytes apart
 // (stride), 64-element boxes kBox apart along M/N (leading).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
+__device__ __forceinline__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lead, uint32_t stride) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead >> 4) << 16) |
          (uint64_t(stride >> 4) << 32) | (uint64_t(1) << 62);
 }
@@ -267,6 +267,41 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   constexpr uint32_t kMnLead = Tr::kBox, kMnStride = 1024;
   int s = 0;
   uint32_t phase = 0;
+  // 8-bit operands: stage s's shared addresses (its operands' wgmma descriptor, its staged
+  // scales, its full and empty barriers) are carried from one k tile to the next, one add each;
+  // rebuilt from s, ptxas recomputes them from the shared window's base every k tile (S2UR, two
+  // masks, a multiply per address: benchmarks/NOTES.md v86). Other operands rebuild them.
+  constexpr bool kCarry = Ops::kBytes == 1;
+  static_assert(!kCarry || !Tr::kPingPong, "ping-pong skips stages by s (no 8-bit kernels)");
+  // (the descriptor's low word: its high one, the stride and swizzle, is the same for all)
+  uint32_t c_desc = uint32_t(smem_desc(a_stage(0), 16, 1024));  // K-major: A at 0, B kABytes in
+  constexpr uint64_t kDescHigh = smem_desc(0, 0, 1024);
+  uint32_t c_scales = scale_stage(0), c_full = full_bar(0), c_empty = empty_bar(0);
+  // the next stage (s and its phase; the carried addresses with them)
+  auto advance = [&] {
+    if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+    if constexpr (kCarry) {
+      const bool wrap = s == 0;
+      c_desc += wrap ? -(Tr::kStages - 1) * (Tr::kStageBytes >> 4) : Tr::kStageBytes >> 4;
+      c_scales += wrap ? -(Tr::kStages - 1) * Tr::kScaleStride : Tr::kScaleStride;
+      c_full += wrap ? -(Tr::kStages - 1) * 8 : 8;
+      c_empty += wrap ? -(Tr::kStages - 1) * 8 : 8;
+    }
+  };
+  // stage s's: K-major descriptors of A's m64 block mb and of B's columns 128 h .. (the
+  // address field is bits 0-13, in 16-byte units: the offsets add into it), staged scales,
+  // barriers
+  auto desc_a = [&](int mb) {
+    return kCarry ? kDescHigh | (c_desc + ((mb * Tr::kBox) >> 4))
+                  : smem_desc(a_stage(s) + mb * Tr::kBox, 16, 1024);
+  };
+  auto desc_b = [&](int h) {
+    return kCarry ? kDescHigh | (c_desc + ((Tr::kABytes + h * 128 * 128) >> 4))
+                  : smem_desc(b_stage(s) + h * 128 * 128, 16, 1024);
+  };
+  auto at_scales = [&] { return kCarry ? c_scales : scale_stage(s); };
+  auto at_full = [&] { return kCarry ? c_full : full_bar(s); };
+  auto at_empty = [&] { return kCarry ? c_empty : empty_bar(s); };
   Acc acc[Tr::kMB][Tr::kBN / 2];
   // fp8 and TF32: a k tile piece's partial sums
   float part[Ops::kPromote ? 64 : 1];
@@ -316,16 +351,15 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
   };
   // Stage st's staged scales (Sm90Traits::StagedScales): a's of this thread's rows, b's of the
   // tile's 128-column blocks.
-  auto read_staged_scales = [&](int st, float (&sa)[Tr::kMB][2], float (&sb)[kHalves]) {
+  auto read_staged_scales = [&](uint32_t st, float (&sa)[Tr::kMB][2], float (&sb)[kHalves]) {
 #pragma unroll
     for (int i = 0; i < Tr::kMB; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        sa[i][e] = ptx::ld_shared_f32(scale_stage(st) +
-                                      4 * (64 * (mb0 + i) + scale_row + 8 * e));
+        sa[i][e] = ptx::ld_shared_f32(st + 4 * (64 * (mb0 + i) + scale_row + 8 * e));
 #pragma unroll
     for (int h = 0; h < kHalves; ++h)
-      sb[h] = ptx::ld_shared_f32(scale_stage(st) + 4 * (Tr::kBM + h));
+      sb[h] = ptx::ld_shared_f32(st + 4 * (Tr::kBM + h));
   };
   // A finished piece P (m64 block mb, columns 128 h ..) added into the float32 sums: with
   // `scaled`, times its block scales (sa: rows r and r + 8; sb: the column block's); promoted
@@ -364,15 +398,15 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     for (int mb = 0; mb < Tr::kMB; ++mb)
 #pragma unroll
       for (int i = 0; i < Tr::kBN / 2; ++i) acc[mb][i] = Acc(0);
-    int prev = -1;
+    int prev = -1;  // the previous k tile's stage (none yet), its empty barrier
+    uint32_t prev_empty = 0;
     if constexpr (Ops::kPromote && !kStagedScales) {
       if (kBlockScales && p.block_sa && wk.ktiles > 0) load_block_scales(0);
     }
     if constexpr (kOverlap) {
       const bool block = p.block_sa != nullptr;
-      auto issue_piece = [&](float (&P)[64], int st) {  // a k tile's piece into P
-        const uint64_t da = smem_desc(a_stage(st) + mb0 * Tr::kBox, 16, 1024);
-        const uint64_t db = smem_desc(b_stage(st), 16, 1024);
+      auto issue_piece = [&](float (&P)[64]) {  // stage s's piece into P
+        const uint64_t da = desc_a(mb0), db = desc_b(0);
         ptx::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -382,24 +416,24 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       // k tile kt, issued into P from stage s: with `more`, issue kt + 1 into Q; then wait for
       // P, release kt's stage and add P times kt's scales into the float32 sums
       auto step = [&](float (&P)[64], float (&Q)[64], auto more) {
-        const int st = s;
-        if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+        const uint32_t st_scales = at_scales(), st_empty = at_empty();  // k tile kt's stage
+        advance();
         if constexpr (more) {
-          ptx::mbarrier_wait(full_bar(s), phase);
-          issue_piece(Q, s);
+          ptx::mbarrier_wait(at_full(), phase);
+          issue_piece(Q);
         }
         float csa[1][2] = {}, csb[1] = {};  // k tile kt's block scales, from its stage
-        if (block) read_staged_scales(st, csa, csb);
+        if (block) read_staged_scales(st_scales, csa, csb);
         ptx::wgmma_wait_group<more ? 1 : 0>();
         ptx::wgmma_fence_operands(P);
-        ptx::mbarrier_arrive(empty_bar(st));  // this thread is done with the stage
+        ptx::mbarrier_arrive(st_empty);  // this thread is done with the stage
         add_piece(P, 0, 0, block, csa[0], csb[0]);
       };
       using Next = std::true_type;
       using Last = std::false_type;
       if (wk.ktiles > 0) {
-        ptx::mbarrier_wait(full_bar(s), phase);
-        issue_piece(part, s);
+        ptx::mbarrier_wait(at_full(), phase);
+        issue_piece(part);
         int kt = 0;
         for (; kt + 2 < wk.ktiles; kt += 2) {  // two steps: P and Q trade places
           step(part, part2, Next{});
@@ -414,7 +448,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
       }
     } else  // the other operand types and tiles: one k tile after another
     for (int kt = 0; kt < wk.ktiles; ++kt) {
-      ptx::mbarrier_wait(full_bar(s), phase);
+      ptx::mbarrier_wait(at_full(), phase);
       if constexpr (!A_KMAJOR && !B_KMAJOR) {  // (16-bit operands only)
         // Ragged contraction: the last k tile of a group ends inside the stage; its other k
         // rows (another group's) are zeroed in both operands, by the warpgroups that read the
@@ -476,8 +510,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               if (!piece_first) ptx::named_barrier_sync(piece_wait, 256);
               piece_first = false;
             }
-            const uint64_t da = smem_desc(a_stage(s) + (mb0 + mb) * Tr::kBox, 16, 1024);
-            const uint64_t db = smem_desc(b_stage(s) + h * 128 * 128, 16, 1024);
+            const uint64_t da = desc_a(mb0 + mb), db = desc_b(h);
             ptx::wgmma_fence();  // part's last reads (the previous piece) come first
             issue(da, db, true);
             if (pair) issue(da + pair_step, db + pair_step, false);
@@ -485,14 +518,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
             if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
             if (kBlockScales && mb == 0 && h == 0 && p.block_sa) {
               if constexpr (kStagedScales) {  // this k tile's, from its stage
-                read_staged_scales(s, csa, csb);
+                read_staged_scales(at_scales(), csa, csb);
               } else if (kt + 1 < wk.ktiles) {
                 load_block_scales(kt + 1);
               }
             }
             ptx::wgmma_wait_group<0>();
             if (mb == Tr::kMB - 1 && h == kHalves - 1 && (kStagedScales || t == 0)) {
-              ptx::mbarrier_arrive(empty_bar(s));  // the stage is read
+              ptx::mbarrier_arrive(at_empty());  // the stage is read
               if (pair) ptx::mbarrier_arrive(empty_bar(s1));
             }
             add_piece(part, mb, h, kBlockScales && p.block_sa, csa[mb], csb[h], ps);
@@ -500,7 +533,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
         }
         if (pair) {  // the pair's first stage; the loop's step below moves past the second
           ++kt;
-          if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+          advance();
         }
       } else {
         ptx::wgmma_fence();
@@ -509,29 +542,33 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
           // A k step (k16 of 16-bit, k32 of 8-bit, k8 of tf32) is 32 bytes along a K-major row,
           // 16 rows of 128 bytes down an M/N-major box. m64 block b of A is box b (M-major) or
           // rows 64 b.. (K-major): kBox * b bytes in.
-          const uint64_t db = B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
-                                       : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
+          // (8-bit: K-major both, from the carried descriptor)
+          const uint64_t db = kCarry     ? desc_b(0) + 2 * j
+                              : B_KMAJOR ? smem_desc(b_stage(s) + 32 * j, 16, 1024)
+                                         : smem_desc(b_stage(s) + 2048 * j, kMnLead, kMnStride);
 #pragma unroll
           for (int mb = 0; mb < Tr::kMB; ++mb) {
             const uint32_t a = a_stage(s) + (mb0 + mb) * Tr::kBox;
-            const uint64_t da = A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
-                                         : smem_desc(a + 2048 * j, kMnLead, kMnStride);
+            const uint64_t da = kCarry     ? desc_a(mb0 + mb) + 2 * j
+                                : A_KMAJOR ? smem_desc(a + 32 * j, 16, 1024)
+                                           : smem_desc(a + 2048 * j, kMnLead, kMnStride);
             Ops::template mma<Tr::kBN, A_KMAJOR, B_KMAJOR>(acc[mb], da, db, 1);
           }
         }
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<1>();  // the previous k tile's wgmma are done with their stage
-        if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
+        if (prev >= 0 && t == 0) ptx::mbarrier_arrive(kCarry ? prev_empty : empty_bar(prev));
         prev = s;
+        prev_empty = at_empty();
       }
-      if (++s == Tr::kStages) { s = 0; phase ^= 1; }
+      advance();
     }
     if constexpr (Tr::kPingPong) {  // the other warpgroup's next item may start its loop
       Sm90Work other;
       if (sched.next(p, w + gridDim.x, other)) ptx::named_barrier_arrive(their_turn, 256);
     }
     ptx::wgmma_wait_group<0>();
-    if (prev >= 0 && t == 0) ptx::mbarrier_arrive(empty_bar(prev));
+    if (prev >= 0 && t == 0) ptx::mbarrier_arrive(kCarry ? prev_empty : empty_bar(prev));
 
 #pragma unroll
     for (int mb = 0; mb < Tr::kMB; ++mb) {
