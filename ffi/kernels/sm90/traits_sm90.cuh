@@ -1,6 +1,7 @@
-// The sm90 kernel's tile shape and shared-memory layout (Sm90Traits, from its config row), the
-// wgmma shared-memory descriptor, and the TMA load of one operand's k tile into its stage: the
-// pieces of gemm_sm90.cuh's kernel that depend on the row, not on the operand types.
+// The sm90 kernel's tile shape, shared-memory layout and register split (Sm90Traits, from its
+// config row; the operand types enter only through whether block scales are staged), the wgmma
+// shared-memory descriptor, and the TMA load of one operand's k tile into its stage: the parts
+// of gemm_sm90.cuh's kernel that its main loop does not own.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
