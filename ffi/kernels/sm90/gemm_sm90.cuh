@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
                             p.epi.act == Activation::kNone;
   const float alpha = simple || scaled_short ? epi_scale(p).alpha : 1.0f;
   const Sm90Sched<Tr::kBM, Tr::kBN, kKTile> sched;
-  Sm90Work wk;
+  Sm90Work wk{};  // set by sched.next before any read ({}: the lambdas below capture it)
   // block scales: fp8 only (the FFI passes none with other operands). Staged: read from the
   // stage's shared memory; otherwise loaded from global memory a k tile ahead (bsa: the
   // thread's rows r and r + 8 of each m64 block; bsb: the tile's 128-column blocks).
