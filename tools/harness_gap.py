@@ -69,6 +69,21 @@ def smi_start(units: bool = True):
         return f"no nvidia-smi ({e})"
 
 
+def smi_stop(smi) -> str:
+    """Stops smi_start(units=False) and summarises its samples (median SM clock and power, the
+    throttle reasons seen)."""
+    if isinstance(smi, str):  # smi_start's reason it could not start
+        return smi
+    smi.terminate()
+    rows = [ln.split(",") for ln in smi.stdout.read().strip().split("\n") if ln.count(",") == 2]
+    if not rows:
+        return "no samples"
+    clk = statistics.median(float(r[0]) for r in rows)
+    pw = statistics.median(float(r[1]) for r in rows)
+    return (f"{len(rows)} samples, SM {clk:.0f} MHz, {pw:.0f} W (median), throttle "
+            f"{sorted({r[2].strip() for r in rows})}")
+
+
 def smi_during(fn, args, seconds: float = 3.0) -> str:
     smi = smi_start()
     if isinstance(smi, str):

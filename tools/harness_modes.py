@@ -10,23 +10,9 @@ for benchmarks/NOTES.md (v74)."""
 from __future__ import annotations
 
 import argparse
-import statistics
 
-from harness_gap import row_sides, smi_start  # tools/ (this script's directory)
+from harness_gap import row_sides, smi_start, smi_stop  # tools/ (this script's directory)
 from jax_tcgemm import timing
-
-
-def _smi_stop(smi) -> str:
-    if isinstance(smi, str):  # smi_start's reason it could not start
-        return smi
-    smi.terminate()
-    rows = [ln.split(",") for ln in smi.stdout.read().strip().split("\n") if ln.count(",") == 2]
-    if not rows:
-        return "no samples"
-    clk = statistics.median(float(r[0]) for r in rows)
-    pw = statistics.median(float(r[1]) for r in rows)
-    return (f"{len(rows)} samples, SM {clk:.0f} MHz, {pw:.0f} W (median), throttle "
-            f"{sorted({r[2].strip() for r in rows})}")
 
 
 def run(name: str, reps: int, rounds: int) -> None:
@@ -41,7 +27,7 @@ def run(name: str, reps: int, rounds: int) -> None:
             tf = {s: r * case.flops / m / 1e12 for s, m in med.items()}
             print(f"{name} R={r} round {rnd} {'stream  ' if stream else 'blocking'}: "
                   + ", ".join(f"{s} {m * 1e3:.3f} ms/call {tf[s]:.1f}" for s, m in med.items())
-                  + f", ratio {tf['tcgemm'] / tf['jnp']:.4f}; {_smi_stop(smi)}", flush=True)
+                  + f", ratio {tf['tcgemm'] / tf['jnp']:.4f}; {smi_stop(smi)}", flush=True)
 
 
 if __name__ == "__main__":
