@@ -437,10 +437,25 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               piece_first = false;
             }
             const uint64_t da = desc_a(mb0 + mb), db = desc_b(h);
-            ptx::wgmma_fence();  // part's last reads (the previous piece) come first
-            issue(da, db, true);
-            if (pair) issue(da + pair_step, db + pair_step, false);
-            ptx::wgmma_commit_group();
+            // part's last reads (the previous piece) come first. Promoted float16: fence,
+            // wgmma and commit in one straight run per branch (a branch between the pair's two
+            // k tiles makes ptxas end the wgmma group there and fence again, C7519; TF32 keeps
+            // that form: one run per branch was slower there, benchmarks/NOTES.md v89).
+            if (kPieceScales && pair) {
+              ptx::wgmma_fence();
+              issue(da, db, true);
+              issue(da + pair_step, db + pair_step, false);
+              ptx::wgmma_commit_group();
+            } else if (kPieceScales) {
+              ptx::wgmma_fence();
+              issue(da, db, true);
+              ptx::wgmma_commit_group();
+            } else {
+              ptx::wgmma_fence();
+              issue(da, db, true);
+              if (pair) issue(da + pair_step, db + pair_step, false);
+              ptx::wgmma_commit_group();
+            }
             if constexpr (kTurns) ptx::named_barrier_arrive(piece_give, 256);
             if (kBlockScales && mb == 0 && h == 0 && p.block_sa) {
               if constexpr (kStagedScales) {  // this k tile's, from its stage
