@@ -7,20 +7,18 @@ conftest.bound). Inputs are fresh standard-normal draws seeded from the case par
 draw serves all layouts / output dtypes / configs of a shape (each layout stores it
 differently, so a layout-flag bug still changes the result).
 
-Unwritten outputs: XLA allocates the result buffer itself, so every kernel result checked here
-comes from `run`, which (1) calls once (compiling), (2) fills a same-size buffer with NaN and
-frees it right before the second call, so the BFC allocator hands that NaN-filled memory to
-the kernel's output (test_poisoned_buffer_is_reused checks this really happens), and (3)
-requires both calls to agree bitwise and to match the float64 reference on every element. An
-element the kernel never writes therefore shows up as NaN (or as a mismatch), and a racy or
-non-deterministic write as a difference between the two calls.
+Unwritten outputs: every kernel result checked here comes from `run`, which compiles the
+product once and runs it twice, each time into a fresh NaN-filled buffer donated for its output
+(conftest.poisoned_twice: XLA writes the result into that very buffer, and `run` requires it),
+then requires both runs to agree bitwise and to match the float64 reference on every element.
+An element the kernel never writes therefore shows up as NaN, and a racy or non-deterministic
+write as a difference between the two runs.
 
 Speed: kernels are called through one jitted wrapper with static flags (one small XLA compile
 per shape/layout/dtype), operands are created and transposed on the host, and the large-shape
 cases use a reduced dtype x layout product.
 """
 import itertools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +30,8 @@ import jax_tcgemm as tg
 from jax_tcgemm import configs
 from jax_tcgemm.primitive import tcgemm
 
-from conftest import assert_close, bound, f64, rel_err, seed_of
+from conftest import (assert_close, bound, f64, nan_filled, poisoned, poisoned_twice, rel_err,
+                      seed_of)
 
 pytestmark = pytest.mark.gpu
 
@@ -61,26 +60,16 @@ def put(x, transposed):
     return jax.device_put(np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x)
 
 
-def poison(shape, dtype):
-    """Fill a buffer of the output's size with NaN and free it; returns its address."""
-    p = jnp.full(shape, jnp.nan, dtype)
-    p.block_until_ready()
-    ptr = p.unsafe_buffer_pointer() if p.size else None
-    p.delete()
-    return ptr
-
-
 def run(fn, *args, out_shape, out_dtype):
-    """fn(*args) twice, the second time into (very likely) NaN-poisoned memory; both results
-    must agree bitwise and contain no NaN. Returns the second result."""
-    first = np.asarray(fn(*args))
-    poison(out_shape, out_dtype)
-    out = fn(*args)
-    assert out.shape == tuple(out_shape) and out.dtype == out_dtype
-    host = np.asarray(out)
+    """fn(*args) compiled once and run twice, each run into a fresh NaN-filled buffer donated
+    for its output (conftest.poisoned_twice); the result must be written in place, contain no
+    NaN, and agree bitwise between the runs. Returns the second result."""
+    outs, same, in_place = poisoned_twice(lambda *xs: [fn(*xs)], *args)
+    host = outs[0]
+    assert host.shape == tuple(out_shape) and host.dtype == out_dtype
+    assert in_place == (1 if host.size else 0), "the output was not written into its poison"
     assert not np.isnan(host.astype(np.float32)).any(), "NaN in the output: unwritten elements"
-    np.testing.assert_array_equal(first.view(np.uint8), host.view(np.uint8),
-                                  err_msg="two identical calls differ")
+    assert same[0], "two identical calls differ"
     return host
 
 
@@ -239,22 +228,20 @@ def test_matmul_broadcasting(a_shape, b_shape):
 # ---------------------------------------------------------------------------------------------
 # Poisoning, zero sizes.
 
-def test_poisoned_buffer_is_reused():
-    """The NaN fill in `run` lands in the kernel's output buffer (not just somewhere)."""
+def test_poison_reaches_the_kernel_output():
+    """The donated NaN buffer is the kernel's output buffer (same address, no copy in the
+    executable), so an element the kernel leaves unwritten keeps its NaN, which `run` reports."""
     a, b, ref = make("poison", 257, 129, 96, F16)
     sa, sb = put(a, False), put(b, False)
-    fn = lambda x, y: _tc(x, y, out_dtype=F32)  # noqa: E731
-    fn(sa, sb).block_until_ready()  # compile first
-    reused = 0
-    for _ in range(5):
-        ptr = poison(ref.shape, F32)
-        out = fn(sa, sb)
-        reused += out.unsafe_buffer_pointer() == ptr
-        assert_close(out, ref, F32, 96, "poisoned")
-        del out
-    if not reused:
-        warnings.warn("the allocator never reused the NaN-poisoned buffer for the output; "
-                      "unwritten-element detection then rests on the reference comparison")
+    fn = lambda x, y: [_tc(x, y, out_dtype=F32)]  # noqa: E731
+    poisons = nan_filled(jax.eval_shape(fn, sa, sb))
+    call = poisoned(fn, poisons, sa, sb)
+    for _ in range(3):
+        fresh = nan_filled(jax.eval_shape(fn, sa, sb))
+        ptr = fresh[0].unsafe_buffer_pointer()
+        (out,), (in_place,) = call(fresh, sa, sb)
+        assert in_place and out.unsafe_buffer_pointer() == ptr
+        assert_close(np.asarray(out), ref, F32, 96, "poisoned")
 
 
 @pytest.mark.parametrize("ta,tb", LAYOUTS, ids=[LNAME(*t) for t in LAYOUTS])
