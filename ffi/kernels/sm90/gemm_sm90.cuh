@@ -437,18 +437,14 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
               piece_first = false;
             }
             const uint64_t da = desc_a(mb0 + mb), db = desc_b(h);
-            // part's last reads (the previous piece) come first. Promoted float16: fence,
-            // wgmma and commit in one straight run per branch (a branch between the pair's two
-            // k tiles makes ptxas end the wgmma group there and fence again, C7519; TF32 keeps
-            // that form: one run per branch was slower there, benchmarks/NOTES.md v89).
+            // part's last reads (the previous piece) come first. A promoted float16 pair is one
+            // straight run: a branch between its two k tiles makes ptxas end the wgmma group
+            // there and fence again (C7519). TF32 keeps the branch, the straight run was slower
+            // there (benchmarks/NOTES.md v89).
             if (kPieceScales && pair) {
               ptx::wgmma_fence();
               issue(da, db, true);
               issue(da + pair_step, db + pair_step, false);
-              ptx::wgmma_commit_group();
-            } else if (kPieceScales) {
-              ptx::wgmma_fence();
-              issue(da, db, true);
               ptx::wgmma_commit_group();
             } else {
               ptx::wgmma_fence();
