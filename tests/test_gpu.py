@@ -234,10 +234,10 @@ def test_poison_reaches_the_kernel_output():
     a, b, ref = make("poison", 257, 129, 96, F16)
     sa, sb = put(a, False), put(b, False)
     fn = lambda x, y: [_tc(x, y, out_dtype=F32)]  # noqa: E731
-    avals = jax.eval_shape(fn, sa, sb)
-    call = poisoned(fn, nan_filled(avals), sa, sb)
+    poisons = nan_filled(jax.eval_shape(fn, sa, sb))
+    call = poisoned(fn, poisons, sa, sb)
     for _ in range(3):
-        fresh = nan_filled(avals)
+        fresh = nan_filled(jax.eval_shape(fn, sa, sb))
         ptr = fresh[0].unsafe_buffer_pointer()
         (out,), (in_place,) = call(fresh, sa, sb)
         assert in_place and out.unsafe_buffer_pointer() == ptr
