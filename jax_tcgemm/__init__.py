@@ -5,12 +5,14 @@ Public API::
 
     tg.matmul(a, b, *, out_dtype=None, precision=None)    # jnp.matmul semantics
     tg.dot_general(lhs, rhs, dimension_numbers, precision=None,
-                   preferred_element_type=None, *, out_sharding=None)
+                   preferred_element_type=None, *, out_sharding=None,
+                   reduction_order=None)              # lax.dot_general semantics
     tg.gemm(a, b, c=None, *, alpha=1.0, beta=0.0, bias=None, activation=None,
             transpose_a=False, transpose_b=False, out_dtype=None, precision=None)
                                               # activation(alpha * a @ b + beta * c + bias)
     tg.ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-                  group_offset=None, out_sharding=None)        # lax.ragged_dot semantics
+                  group_offset=None, out_sharding=None, *,
+                  reduction_order=None)                # lax.ragged_dot semantics
     tg.ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, ...)
     tg.ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_b=False,
                    out_dtype=None)            # activation(lhs[rows of g] @ rhs[g] + bias[g])

@@ -24,7 +24,8 @@ from jax.numpy import matmul as _jnp_matmul
 
 from . import epilogue, sharding
 from .primitive import tcgemm
-from .problem import OPERAND_DTYPES, OUT_DTYPES, canonical_precision, symbolic
+from .problem import (OPERAND_DTYPES, OUT_DTYPES, canonical_precision, kernel_reduction_order,
+                      reduction_order_kw, symbolic)
 
 
 def _as_array(x, name):
@@ -282,7 +283,7 @@ def _int8_matmul(a, b, precision, out_dtype):
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                out_sharding=None):
+                out_sharding=None, reduction_order=None):
     """Drop-in for `lax.dot_general` on the tensor cores (same signature and result).
 
     Any dimension numbers map onto one batched GEMM: free and contracting dims are collapsed by
@@ -293,9 +294,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     exact in the float32 accumulator at any precision, float32 ones run its algorithm (see
     matmul). `preferred_element_type` is normalised
     as lax does it; a result type the kernels do not write (float64, integers) is computed by
-    lax.
+    lax. `reduction_order` (jax >= 0.12.1): None and 'unordered' run the kernels; any other
+    order is lax's, computed in exactly that order (problem.kernel_reduction_order).
     """
     lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
+    order_kw = reduction_order_kw(reduction_order, _lax_dot_general, "jax_tcgemm.dot_general")
+    if not kernel_reduction_order(reduction_order):
+        return _lax_dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                preferred_element_type=preferred_element_type,
+                                out_sharding=out_sharding, **order_kw)
     try:
         (lc, rc), (lb, rb) = dimension_numbers
     except (TypeError, ValueError):

@@ -12,6 +12,9 @@ beta] when they are traced (else they are the static params alpha, beta).
 """
 from __future__ import annotations
 
+import enum
+import inspect
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -111,6 +114,28 @@ def canonical_precision(precision):
                      f"a lax.Precision, a pair of lax.Precision values or strings, a "
                      f"lax.DotAlgorithmPreset or its name, or a lax.DotAlgorithm (as in lax); got "
                      f"{precision!r}")
+
+
+def reduction_order_kw(reduction_order, lax_fn, name) -> dict:
+    """The keyword that hands an explicit `reduction_order` on to lax_fn ({} for None), for the
+    lax-signature entry points (`name`, in the error). jax >= 0.12.1's lax contractions take
+    one; with an older jax a non-None order is a TypeError naming that jax, as lax's own call
+    would be. lax validates the value itself."""
+    if reduction_order is None:
+        return {}
+    if "reduction_order" not in inspect.signature(lax_fn).parameters:
+        raise TypeError(f"{name}: reduction_order={reduction_order!r} needs jax >= 0.12.1 "
+                        f"(lax.{lax_fn.__name__} of jax {jax.__version__} takes none)")
+    return {"reduction_order": reduction_order}
+
+
+def kernel_reduction_order(reduction_order) -> bool:
+    """Whether the kernels may run a contraction asked for with this reduction_order: None or
+    'unordered' (as a string or lax's enum member), which leave the order of the sum to the
+    implementation (lax lowers them to the same dot). Every other order (linear, unreduced,
+    tiled, cast, ...) is evaluated by lax exactly as asked."""
+    return reduction_order is None or reduction_order == "unordered" or (
+        isinstance(reduction_order, enum.Enum) and reduction_order.name == "unordered")
 
 
 def is_canonical_precision(precision):

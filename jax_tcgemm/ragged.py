@@ -426,7 +426,8 @@ def _describe(lhs, rhs, gs):
 
 
 def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
-                       preferred_element_type=None, group_offset=None, out_sharding=None):
+                       preferred_element_type=None, group_offset=None, out_sharding=None, *,
+                       reduction_order=None):
     """Drop-in for `lax.ragged_dot_general` (same signature and result) on the tensor cores.
 
     Kernel forms (float16 or bfloat16 operands of one type, result float16, bfloat16 or
@@ -434,8 +435,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     against rhs (G, K, N) (forward) or (G, N, K) (dgrad: the transposed weights, no copy), and
     lhs (M, K), rhs (M, N) contracted over the ragged M (wgrad, giving (G, K, N)). Everything
     else (other dtypes, batch or ragged-batch dims, other dim orders, group_sizes of rank > 1,
-    and group_offset, which lax itself does not implement in jax 0.11.2) is computed by
-    lax.ragged_dot_general. `precision` is validated as lax does and has no effect on the
+    group_offset, which lax itself does not implement in jax 0.11.2, and a reduction_order
+    other than None or 'unordered', jax >= 0.12.1) is computed by lax.ragged_dot_general. `precision` is validated as lax does and has no effect on the
     kernel (half-precision products are exact in its float32 accumulator). Invalid group sizes:
     the module docstring.
     """
@@ -443,8 +444,10 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     gs = _as_array(group_sizes, "group_sizes")
     dn = ragged_dot_dimension_numbers
     lax_kw = dict(precision=precision, preferred_element_type=preferred_element_type,
-                  group_offset=group_offset, out_sharding=out_sharding)
-    if group_offset is not None:
+                  group_offset=group_offset, out_sharding=out_sharding,
+                  **problem.reduction_order_kw(reduction_order, _lax_ragged_dot_general,
+                                               "jax_tcgemm.ragged_dot_general"))
+    if group_offset is not None or not problem.kernel_reduction_order(reduction_order):
         return _lax_ragged_dot_general(lhs, rhs, gs, dn, **lax_kw)
     try:  # lax's checks and result type, on shapes only; our message adds the shapes
         with sharding.meshless():
@@ -472,13 +475,14 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-               group_offset=None, out_sharding=None):
+               group_offset=None, out_sharding=None, *, reduction_order=None):
     """Drop-in for `lax.ragged_dot`: lhs (M, K), rhs (G, K, N), group_sizes (G,) integers; the
     rows of group g are contiguous in lhs (in group order) and multiply rhs[g]; rows past
     sum(group_sizes) are zeros. See ragged_dot_general."""
     return ragged_dot_general(lhs, rhs, group_sizes, _BASIC, precision=precision,
                               preferred_element_type=preferred_element_type,
-                              group_offset=group_offset, out_sharding=out_sharding)
+                              group_offset=group_offset, out_sharding=out_sharding,
+                              reduction_order=reduction_order)
 
 
 def ragged_gemm(lhs, rhs, group_sizes, *, bias=None, activation=None, transpose_b=False,

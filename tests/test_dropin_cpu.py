@@ -1,7 +1,9 @@
 """Drop-in fidelity of tg.dot_general / tg.matmul against lax (issue 25, "Drop-in fidelity"):
 fallback dtypes bit-exact with lax and accumulated in the requested type, lax's normalisation
 of preferred_element_type, lax's validation of precision and dimension numbers, and safety
-under a global monkeypatch of jax.lax.dot_general. CPU; fresh random inputs per case."""
+under a global monkeypatch of jax.lax.dot_general, and jax 0.12.1's reduction_order. CPU; fresh
+random inputs per case."""
+import inspect
 import itertools
 
 import jax
@@ -140,3 +142,72 @@ def test_every_fallback_pair_matches_lax_result_type():
         assert got.dtype == want.dtype, (da, db)
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
                                    rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# reduction_order (jax >= 0.12.1's lax contractions take one): None and 'unordered' leave the
+# order to the implementation (our kernels); every other order is lax's, bit-exact with lax.
+
+HAS_ORDER = "reduction_order" in inspect.signature(LAX_DOT).parameters
+needs_order = pytest.mark.skipif(not HAS_ORDER, reason=f"jax {jax.__version__}'s "
+                                 "lax.dot_general takes no reduction_order (jax >= 0.12.1)")
+
+
+def lax_enum(order):
+    """lax's own normalised form of a string order (its enum member), from a jaxpr's params."""
+    jx = jax.make_jaxpr(lambda x, y: LAX_DOT(x, y, DN, reduction_order=order))(
+        jnp.ones((2, 3)), jnp.ones((3, 2)))
+    return jx.eqns[0].params["reduction_order"]
+
+
+@needs_order
+@pytest.mark.parametrize("order", ["unordered", "enum"])
+def test_unordered_reduction_runs_the_kernels(order):
+    order = lax_enum("unordered") if order == "enum" else order
+    a, b = rand((24, 40), "bfloat16", 19), rand((40, 12), "bfloat16", 20)
+    f = lambda x, y: tg.dot_general(x, y, DN, preferred_element_type=jnp.float32,  # noqa: E731
+                                    reduction_order=order)
+    jx = jax.make_jaxpr(f)(a, b)
+    names = {e.primitive.name for e in jx.eqns}
+    assert "tcgemm" in names and "dot_general" not in names, jx
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64)  # bf16 products exact in f32
+    np.testing.assert_allclose(np.asarray(f(a, b), np.float64), ref, rtol=1e-5, atol=1e-5)
+    # and through lax-signature callers: jnp.einsum hands the order on only when it is set
+    out = jnp.einsum("mk,kn->mn", a, b, preferred_element_type=jnp.float32,
+                     _dot_general=tg.dot_general, reduction_order="unordered")
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_order
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
+@pytest.mark.parametrize("order", ["linear", "enum"])
+def test_ordered_reduction_is_lax_bit_exact(order, dtype):
+    order = lax_enum("linear") if order == "enum" else order
+    a, b = rand((6, 33), dtype, 21), rand((33, 5), dtype, 22)
+    f = lambda x, y: tg.dot_general(x, y, DN, reduction_order=order)  # noqa: E731
+    assert not any(e.primitive.name == "tcgemm" for e in jax.make_jaxpr(f)(a, b).eqns)
+    same(f(a, b), LAX_DOT(a, b, DN, reduction_order=order))
+    same(jax.jit(f)(a, b), LAX_DOT(a, b, DN, reduction_order=order))
+    got = jnp.einsum("mk,kn->mn", a, b, _dot_general=tg.dot_general, reduction_order="linear")
+    same(got, jnp.einsum("mk,kn->mn", a, b, reduction_order="linear"))
+    if dtype == "float32":  # and its gradient is lax's
+        same(jax.grad(lambda x: f(x, b).sum())(a),
+             jax.grad(lambda x: LAX_DOT(x, b, DN, reduction_order=order).sum())(a))
+
+
+@needs_order
+def test_invalid_reduction_order_rejected_as_lax():
+    a, b = rand((4, 8), "float16", 23), rand((8, 4), "float16", 24)
+    with pytest.raises(ValueError, match="sideways"):
+        LAX_DOT(a, b, DN, reduction_order="sideways")
+    with pytest.raises(ValueError, match="sideways"):
+        tg.dot_general(a, b, DN, reduction_order="sideways")
+
+
+@pytest.mark.skipif(HAS_ORDER, reason=f"jax {jax.__version__} takes a reduction_order")
+def test_reduction_order_needs_newer_jax():
+    a, b = rand((4, 8), "float16", 25), rand((8, 4), "float16", 26)
+    for order in ("unordered", "linear"):
+        with pytest.raises(TypeError, match=r"reduction_order='\w+' needs jax >= 0.12.1"):
+            tg.dot_general(a, b, DN, reduction_order=order)
+    assert tg.dot_general(a, b, DN, reduction_order=None).shape == (4, 4)

@@ -7,7 +7,7 @@ dimension numbers; plus examples/train_fp8.py at a tiny size.
 
 Bounds: float32 compute, the two ops differ only in where the per-tensor scales are applied
 (the stock op multiplies dequantised float32 operands; ours scales the float32 accumulator), a
-few float32 ulps per product. The first step is exact (all scales 1).
+few float32 ulps per product. The first step's outputs and gradients are exact (all scales 1).
 """
 import functools
 import warnings
@@ -106,7 +106,9 @@ def test_training_steps_match_stock():
     (ref, v_ref), (got, v_got) = train(STOCK, steps), train(OURS, steps)
     for i, ((l0, o0, g0), (l1, o1, g1)) in enumerate(zip(ref, got)):
         tol = 0.0 if i == 0 else F32_RTOL  # step 0: all scales 1, both exact
-        assert rel(o1, o0) <= tol and rel(l1, l0) <= tol, i
+        # the loss is XLA's mean of the same outputs in two programs: its summation order
+        # follows each program's fusion (jax 0.12.1 on CPU: 1 ulp apart at step 0)
+        assert rel(o1, o0) <= tol and rel(l1, l0) <= F32_RTOL, i
         assert_trees_close(g1, g0, tol)
     # the meta updates happened: scales moved off 1, one amax per step in each history (the
     # newest at [0], the older ones rolled to the end)

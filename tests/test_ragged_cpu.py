@@ -110,8 +110,12 @@ def test_public_signatures_match_lax():
     for ours, theirs in ((tg.ragged_dot, lax.ragged_dot),
                          (tg.ragged_dot_general, lax.ragged_dot_general)):
         po, pt = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
-        assert list(po) == list(pt)
-        assert [p.default for p in po.values()] == [p.default for p in pt.values()]
+        # ours are jax 0.12.1's; jax 0.11.2's have no keyword-only reduction_order
+        assert list(po) == list(pt) + [n for n in ("reduction_order",) if n not in pt]
+        for name, p in po.items():
+            want = pt.get(name, inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                                  default=None))
+            assert (p.kind, p.default) == (want.kind, want.default), name
 
 
 @pytest.mark.parametrize("kind", SIZE_KINDS)
@@ -209,6 +213,30 @@ def test_group_offset_is_lax():
         jax.jit(lambda *x: lax.ragged_dot(*x, group_offset=off))(lhs, rhs, sizes_of("random"))
     with pytest.raises(type(theirs.value)):
         jax.jit(lambda *x: tg.ragged_dot(*x, group_offset=off))(lhs, rhs, sizes_of("random"))
+
+
+@pytest.mark.skipif("reduction_order" not in inspect.signature(lax.ragged_dot).parameters,
+                    reason=f"jax {jax.__version__}'s lax.ragged_dot takes no reduction_order")
+def test_reduction_order_as_lax():
+    """'unordered' leaves the order to us (the kernel); any other order is lax's, with lax's
+    result or error (jax 0.12.1 has no ragged_dot lowering for an ordered reduction)."""
+    lhs, rhs = operands(("ro",), F16)
+    gs = sizes_of("random")
+    f = lambda o: lambda *x: tg.ragged_dot(*x, preferred_element_type=F32,  # noqa: E731
+                                           reduction_order=o)
+    jx = jax.make_jaxpr(f("unordered"))(lhs, rhs, gs)
+    assert prims(jx, "tcgemm_ragged") and not prims(jx, "ragged_dot_general")
+    assert_close(f("unordered")(lhs, rhs, gs), ragged64(lhs, rhs, gs), F32, K, "unordered")
+    assert not prims(jax.make_jaxpr(f("linear"))(lhs, rhs, gs), "tcgemm_ragged")
+    try:
+        want = jax.jit(lambda *x: lax.ragged_dot(*x, preferred_element_type=F32,
+                                                 reduction_order="linear"))(lhs, rhs, gs)
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)):
+            jax.jit(f("linear"))(lhs, rhs, gs)
+    else:
+        np.testing.assert_array_equal(np.asarray(jax.jit(f("linear"))(lhs, rhs, gs)),
+                                      np.asarray(want))
 
 
 @pytest.mark.parametrize("gs_dtype", [np.int8, np.int16, np.uint8, np.uint32, np.int32])
