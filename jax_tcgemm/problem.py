@@ -134,8 +134,10 @@ def kernel_reduction_order(reduction_order) -> bool:
     'unordered' (as a string or lax's enum member), which leave the order of the sum to the
     implementation (lax lowers them to the same dot). Every other order (linear, unreduced,
     tiled, cast, ...) is evaluated by lax exactly as asked."""
-    return reduction_order is None or reduction_order == "unordered" or (
-        isinstance(reduction_order, enum.Enum) and reduction_order.name == "unordered")
+    if isinstance(reduction_order, enum.Enum):
+        return reduction_order.name == "unordered"
+    return reduction_order is None or (isinstance(reduction_order, str)
+                                       and reduction_order == "unordered")
 
 
 def is_canonical_precision(precision):

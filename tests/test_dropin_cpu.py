@@ -202,6 +202,11 @@ def test_invalid_reduction_order_rejected_as_lax():
         LAX_DOT(a, b, DN, reduction_order="sideways")
     with pytest.raises(ValueError, match="sideways"):
         tg.dot_general(a, b, DN, reduction_order="sideways")
+    for bad in (np.array(["unordered", "linear"]), 3, ("linear",)):  # lax's error, not ours
+        with pytest.raises(Exception) as theirs:
+            LAX_DOT(a, b, DN, reduction_order=bad)
+        with pytest.raises(type(theirs.value)):
+            tg.dot_general(a, b, DN, reduction_order=bad)
 
 
 @pytest.mark.skipif(HAS_ORDER, reason=f"jax {jax.__version__} takes a reduction_order")
