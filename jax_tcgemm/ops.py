@@ -24,8 +24,8 @@ from jax.numpy import matmul as _jnp_matmul
 
 from . import epilogue, sharding
 from .primitive import tcgemm
-from .problem import (OPERAND_DTYPES, OUT_DTYPES, canonical_precision, kernel_reduction_order,
-                      reduction_order_kw, symbolic)
+from .problem import (OPERAND_DTYPES, OUT_DTYPES, canonical_precision, lax_reduction_order,
+                      symbolic)
 
 
 def _as_array(x, name):
@@ -295,11 +295,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     matmul). `preferred_element_type` is normalised
     as lax does it; a result type the kernels do not write (float64, integers) is computed by
     lax. `reduction_order` (jax >= 0.12.1): None and 'unordered' run the kernels; any other
-    order is lax's, computed in exactly that order (problem.kernel_reduction_order).
+    order is lax's, computed in exactly that order (problem.lax_reduction_order).
     """
     lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
-    order_kw = reduction_order_kw(reduction_order, _lax_dot_general, "jax_tcgemm.dot_general")
-    if not kernel_reduction_order(reduction_order):
+    order_kw = lax_reduction_order(reduction_order, _lax_dot_general, "jax_tcgemm.dot_general")
+    if order_kw:
         return _lax_dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                 preferred_element_type=preferred_element_type,
                                 out_sharding=out_sharding, **order_kw)

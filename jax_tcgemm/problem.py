@@ -116,28 +116,21 @@ def canonical_precision(precision):
                      f"{precision!r}")
 
 
-def reduction_order_kw(reduction_order, lax_fn, name) -> dict:
-    """The keyword that hands an explicit `reduction_order` on to lax_fn ({} for None), for the
-    lax-signature entry points (`name`, in the error). jax >= 0.12.1's lax contractions take
-    one; with an older jax a non-None order is a TypeError naming that jax, as lax's own call
-    would be. lax validates the value itself."""
+def lax_reduction_order(reduction_order, lax_fn, name) -> dict:
+    """For the lax-signature entry points (`name`, in the error): {} where the kernels may run
+    the contraction, i.e. reduction_order None or 'unordered' (a string or lax's enum member),
+    which leave the order of the sum to the implementation (lax lowers them to the same dot);
+    else the keyword that hands the order on to lax_fn, which sums exactly as asked (linear,
+    unreduced, tiled, cast, ...) and validates the value itself. Any order but None needs
+    jax >= 0.12.1: with an older jax it is a TypeError naming that jax, as lax's call would be."""
     if reduction_order is None:
         return {}
     if "reduction_order" not in inspect.signature(lax_fn).parameters:
         raise TypeError(f"{name}: reduction_order={reduction_order!r} needs jax >= 0.12.1 "
                         f"(lax.{lax_fn.__name__} of jax {jax.__version__} takes none)")
-    return {"reduction_order": reduction_order}
-
-
-def kernel_reduction_order(reduction_order) -> bool:
-    """Whether the kernels may run a contraction asked for with this reduction_order: None or
-    'unordered' (as a string or lax's enum member), which leave the order of the sum to the
-    implementation (lax lowers them to the same dot). Every other order (linear, unreduced,
-    tiled, cast, ...) is evaluated by lax exactly as asked."""
-    if isinstance(reduction_order, enum.Enum):
-        return reduction_order.name == "unordered"
-    return reduction_order is None or (isinstance(reduction_order, str)
-                                       and reduction_order == "unordered")
+    unordered = (reduction_order.name == "unordered" if isinstance(reduction_order, enum.Enum)
+                 else isinstance(reduction_order, str) and reduction_order == "unordered")
+    return {} if unordered else {"reduction_order": reduction_order}
 
 
 def is_canonical_precision(precision):

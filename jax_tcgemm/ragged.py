@@ -436,18 +436,18 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     lhs (M, K), rhs (M, N) contracted over the ragged M (wgrad, giving (G, K, N)). Everything
     else (other dtypes, batch or ragged-batch dims, other dim orders, group_sizes of rank > 1,
     group_offset, which lax itself does not implement in jax 0.11.2, and a reduction_order
-    other than None or 'unordered', jax >= 0.12.1) is computed by lax.ragged_dot_general. `precision` is validated as lax does and has no effect on the
-    kernel (half-precision products are exact in its float32 accumulator). Invalid group sizes:
-    the module docstring.
+    other than None or 'unordered', jax >= 0.12.1) is computed by lax.ragged_dot_general.
+    `precision` is validated as lax does and has no effect on the kernel (half-precision
+    products are exact in its float32 accumulator). Invalid group sizes: the module docstring.
     """
     lhs, rhs = _as_array(lhs, "lhs"), _as_array(rhs, "rhs")
     gs = _as_array(group_sizes, "group_sizes")
     dn = ragged_dot_dimension_numbers
+    order_kw = problem.lax_reduction_order(reduction_order, _lax_ragged_dot_general,
+                                           "jax_tcgemm.ragged_dot_general")
     lax_kw = dict(precision=precision, preferred_element_type=preferred_element_type,
-                  group_offset=group_offset, out_sharding=out_sharding,
-                  **problem.reduction_order_kw(reduction_order, _lax_ragged_dot_general,
-                                               "jax_tcgemm.ragged_dot_general"))
-    if group_offset is not None or not problem.kernel_reduction_order(reduction_order):
+                  group_offset=group_offset, out_sharding=out_sharding, **order_kw)
+    if group_offset is not None or order_kw:
         return _lax_ragged_dot_general(lhs, rhs, gs, dn, **lax_kw)
     try:  # lax's checks and result type, on shapes only; our message adds the shapes
         with sharding.meshless():
