@@ -24,18 +24,20 @@ from .problem import F32, dims
 
 
 def ffi_attrs(*, transpose_a, transpose_b, config, split_k, pack, has_c, has_bias, has_scale,
-              aux, activation, alpha=1.0, beta=0.0, row_scale=False, col_scale=False,
-              block_scale=False, promote=False, piece_scale_k=0, piece_scale=1.0,
-              tail=(0, 1)) -> dict:
+              aux, activation, alpha=1.0, beta=0.0, tensor_scales=0, row_scale=False,
+              col_scale=False, block_scale=False, promote=False, piece_scale_k=0,
+              piece_scale=1.0, tail=(0, 1)) -> dict:
     """The call's attributes, typed as the handler binds them (tail: configs.tail_plan's
-    (tail_rows, tail_split))."""
+    (tail_rows, tail_split); tensor_scales: how many float32 scalars follow `scale` among the
+    operands, multiplied into alpha by the kernel)."""
     return dict(transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), config=config,
                 split_k=np.int64(split_k), pack=bool(pack), has_c=bool(has_c),
                 has_bias=bool(has_bias), has_scale=bool(has_scale),
-                has_row_scale=bool(row_scale), has_col_scale=bool(col_scale),
+                tensor_scales=np.int64(tensor_scales), has_row_scale=bool(row_scale), has_col_scale=bool(col_scale),
                 has_block_scale=bool(block_scale), aux=bool(aux), promote=bool(promote),
                 piece_scale_k=np.int64(piece_scale_k), piece_scale=np.float32(piece_scale),
-                tail_rows=np.int64(tail[0]), tail_split=np.int64(tail[1]), alpha=np.float32(alpha), beta=np.float32(beta),
+                tail_rows=np.int64(tail[0]), tail_split=np.int64(tail[1]),
+                alpha=np.float32(alpha), beta=np.float32(beta),
                 activation=np.int32(problem.activation_index(activation or "none")))
 
 

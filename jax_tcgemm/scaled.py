@@ -199,9 +199,10 @@ def _reference(a3, b3, sa, sb, c3, bias, scale, st):
 
 def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     """The product on the 8-bit kernels (sm90 rows; int8 also sm80 rows), one launch for the B
-    items: per-tensor scales fold into alpha (read on the device), per-row and per-column ones
-    are the epilogue's row and column scales; block scales are applied in the kernel's main
-    loop (passed K-major, each item's (Kb, R) and (Kb, Nb) stacked along the rows)."""
+    items: per-tensor scales are operands the kernel multiplies into alpha on the device (no XLA
+    op folds them first), per-row and per-column ones are the epilogue's row and column scales;
+    block scales are applied in the kernel's main loop (passed K-major, each item's (Kb, R) and
+    (Kb, Nb) stacked along the rows)."""
     form, transpose_b, kind, activation, out_dtype, al, be, nb, r, n = st
     config, split = plan  # plan8.plan_byte: K slices summed by the split-K reduction
     k = a3.shape[2]
@@ -213,15 +214,13 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     block = form == "block"
     row = not block and sa is not None and sa.ndim == 2
     col = not block and sb is not None and sb.ndim == 2
-    if not int_out:  # [alpha, beta]: the per-tensor scales' product, beta (static or traced)
-        alpha = jnp.float32(al)
-        for x in (sa, sb):
-            if x is not None and x.ndim == 0:
-                alpha = alpha * x
-        beta = jnp.float32(be) if scale is None else scale[1]
-        if scale is not None:
-            alpha = alpha * scale[0]
-        args.append(jnp.stack([alpha, beta]).astype(jnp.float32))
+    # alpha and beta static, or [al * scale[0], scale[1]] when traced; then the per-tensor scales
+    traced = not int_out and scale is not None
+    if traced:
+        args.append(jnp.stack([jnp.float32(al) * scale[0], scale[1]]).astype(jnp.float32))
+    tensor = [] if int_out else [x.astype(jnp.float32) for x in (sa, sb)
+                                 if x is not None and x.ndim == 0]
+    args += tensor
     if row:
         args.append(jnp.broadcast_to(sa, (nb, r)))
     if col:
@@ -242,8 +241,8 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     d, _ = call(*args, **lowering.ffi_attrs(
         transpose_a=False, transpose_b=transpose_b, config=config, split_k=split,
         pack=not transpose_b, has_c=c3 is not None, has_bias=bias is not None,
-        has_scale=not int_out, aux=False, activation=activation, row_scale=row, col_scale=col,
-        block_scale=block))
+        has_scale=traced, alpha=al, beta=be, tensor_scales=len(tensor), aux=False,
+        activation=activation, row_scale=row, col_scale=col, block_scale=block))
     return d
 
 

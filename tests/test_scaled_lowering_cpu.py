@@ -43,6 +43,29 @@ def test_call_takes_b_as_given(monkeypatch, kind, transpose_b, split):
     assert ws == want and f"tensor<{ws}xf32>" in call["results"]
 
 
+@pytest.mark.parametrize("traced_beta", [False, True])
+def test_tensor_scales_reach_the_call_as_they_are(monkeypatch, traced_beta):
+    """Per-tensor scales (device scalars) are the call's operands, multiplied into alpha by the
+    kernel: no XLA op folds them first. Only a traced beta makes a [alpha, beta] operand."""
+    monkeypatch.setattr(scaled, "kernel_config", lambda *a: (CFG, 1))
+    m, n, k = 40, 200, 256
+    a = jnp.ones((m, k), jnp.float8_e4m3fn)
+    b = jnp.ones((n, k), jnp.float8_e4m3fn)
+    c = jnp.ones((m, n), jnp.bfloat16)
+
+    def f(a, b, sa, sb, beta):
+        return tg.scaled_matmul(a, b, sa, sb, transpose_b=True, c=c,
+                                beta=beta if traced_beta else 0.5)
+    text = cuda_text(f, a, b, jnp.float32(2.0), jnp.float32(3.0), jnp.float32(0.5))
+    (call,) = custom_calls(text)
+    assert call["tensor_scales"].startswith("2 ")
+    assert call["has_scale"] == str(traced_beta).lower()
+    operands = call["line"].split("->")[0]
+    assert operands.count("tensor<f32>") == 2 and operands.count("tensor<2xf32>") == traced_beta
+    if not traced_beta:  # nothing but the call (and c's reshape) between the arguments and D
+        assert "stablehlo.multiply" not in text and "stablehlo.concatenate" not in text
+
+
 @pytest.mark.parametrize("m", [40, 41])
 def test_block_scales_of_a_padded_to_16_bytes(monkeypatch, m):
     """a's block scales reach the call K-major, (ceil(K/128), M rounded up to 4) float32: rows of

@@ -56,12 +56,15 @@ inline constexpr int kNumActivations = 5;
 // operands only: the sm90 kernels and, for int8, the sm80 ones apply them). C is read through
 // element strides (c_sb, c_sr, c_sc) so that one layout serves a full (B, M, N) C, one shared
 // by the batch (c_sb = 0), per-row (c_sc = 0) and per-column (c_sr = 0) forms. alpha and beta
-// come from `scale` (device float32[2], traced values) when it is set. `aux`, when set,
+// come from `scale` (device float32[2], traced values) when it is set; alpha is then multiplied
+// by each of `tensor_scale` that is set (device float32 scalars: an 8-bit product's per-tensor
+// scales, read as they are, with no XLA op to fold them into `scale`). `aux`, when set,
 // receives the pre-activation value (D's type and layout): what the backward pass needs
 // (kernels/aux/dact.cu).
 struct EpilogueParams {
   const float* scale = nullptr;  // device [alpha, beta], or nullptr: the two fields below
   float alpha = 1.0f, beta = 0.0f;
+  const float* tensor_scale[2] = {nullptr, nullptr};  // device float32 scalars times alpha
   const void* c = nullptr;       // nullptr: no C term
   DType c_type = DType::kF32;
   int64_t c_sb = 0, c_sr = 0, c_sc = 0;

@@ -18,18 +18,21 @@
 namespace tcgemm {
 namespace {
 
-// The epilogue operands (c, bias, scale, row_scale, col_scale: the call's arguments after a and
-// b, those the flags name, in that order), then the block scales (block_sa, block_sb: into p)
+// The epilogue operands (c, bias, scale, `tensor_scales` float32 scalars, row_scale, col_scale:
+// the call's arguments after a and b, those the flags name, in that order), then the block scales (block_sa, block_sb: into p)
 // and the aux result (after d and the workspace), checked against the result (B, M, N) and K
 // and decoded into p. Empty string, or what is wrong.
 std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
                            ffi::AnyBuffer::Dimensions cd, int64_t k, DType d_type, bool has_c,
-                           bool has_bias, bool has_scale, bool has_row_scale,
-                           bool has_col_scale, bool has_block_scale, bool aux, float alpha,
-                           float beta, int32_t activation, GemmParams& p) {
+                           bool has_bias, bool has_scale, int64_t tensor_scales,
+                           bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
+                           float alpha, float beta, int32_t activation, GemmParams& p) {
   EpilogueParams& ep = p.epi;
+  if (tensor_scales < 0 || tensor_scales > 2)
+    return "tensor_scales must be 0, 1 or 2; got " + std::to_string(tensor_scales);
   const size_t want = size_t(has_c) + size_t(has_bias) + size_t(has_scale) +
-                      size_t(has_row_scale) + size_t(has_col_scale) + 2 * size_t(has_block_scale);
+                      size_t(tensor_scales) + size_t(has_row_scale) + size_t(has_col_scale) +
+                      2 * size_t(has_block_scale);
   if (d_type == DType::kS32 && (want > 0 || aux || activation != 0 || alpha != 1.0f))
     return "an int32 result is the exact int8 product: no epilogue, scale or alpha";
   if (args.size() != want)
@@ -74,6 +77,14 @@ std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingR
     if (s.value().element_type() != ffi::DataType::F32 || s.value().element_count() != 2)
       return "scale must be float32 [alpha, beta]";
     ep.scale = static_cast<const float*>(s.value().untyped_data());
+  }
+  for (int64_t j = 0; j < tensor_scales; ++j) {
+    auto s = args.get<ffi::AnyBuffer>(i++);
+    if (s.has_error()) return "cannot decode tensor scale " + std::to_string(j);
+    if (s.value().element_type() != ffi::DataType::F32 || s.value().element_count() != 1)
+      return "a tensor scale must be one float32; got " +
+             std::string(DtypeName(s.value().element_type())) + Dims(s.value().dimensions());
+    ep.tensor_scale[j] = static_cast<const float*>(s.value().untyped_data());
   }
   // Per-row (B, M) and per-column (1 or B, N) float32 scales; with `ld`, rows of at least
   // `cols` (their length stored there); with `got_rows`, 1 row also (shared by the batch; the
@@ -139,7 +150,7 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       ffi::Result<ffi::AnyBuffer> workspace, ffi::RemainingRets epi_rets,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
-                      bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
+                      int64_t tensor_scales, bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
                       bool promote, int64_t piece_scale_k, float piece_scale, int64_t tail_rows,
                       int64_t tail_split, float alpha, float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
@@ -209,7 +220,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                    Dims(workspace->dimensions()));
   GemmProblem pr{};
   if (std::string err = DecodeEpilogue(epi_args, epi_rets, cd, ka, *d_type, has_c, has_bias,
-                                       has_scale, has_row_scale, has_col_scale, has_block_scale,
+                                       has_scale, tensor_scales, has_row_scale, has_col_scale,
+                                       has_block_scale,
                                        aux, alpha, beta, activation, pr.params);
       !err.empty())
     return Invalid(err + " [" + shapes() + "]");
@@ -256,8 +268,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // a: (Ba, M, K), or (Ba, K, M) if transpose_a
                                   .Arg<ffi::AnyBuffer>()  // b: (Bb, K, N), or (Bb, N, K) if transpose_b
-                                  .RemainingArgs()        // [c], [bias], [scale], [row_scale],
-                                                          // [col_scale], [block_sa, block_sb]
+                                  .RemainingArgs()        // [c], [bias], [scale], tensor
+                                                          // scales, [row_scale], [col_scale],
+                                                          // [block_sa, block_sb]
                                                           // (DecodeEpilogue)
                                   .Ret<ffi::AnyBuffer>()  // d: (B, M, N); Ba, Bb in {1, B}
                                   .Ret<ffi::AnyBuffer>()  // workspace: f32 (PlanWorkspace)
@@ -270,6 +283,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TcgemmHandler, TcgemmImpl,
                                   .Attr<bool>("has_c")
                                   .Attr<bool>("has_bias")
                                   .Attr<bool>("has_scale")
+                                  .Attr<int64_t>("tensor_scales")  // 0-2 float32 scalars
                                   .Attr<bool>("has_row_scale")
                                   .Attr<bool>("has_col_scale")
                                   .Attr<bool>("has_block_scale")

@@ -98,7 +98,12 @@ struct EpiScale {
   float alpha, beta;
 };
 __device__ __forceinline__ EpiScale epi_scale(const GemmParams& p) {
-  return p.epi.scale ? EpiScale{p.epi.scale[0], p.epi.scale[1]} : EpiScale{p.epi.alpha, p.epi.beta};
+  EpiScale s = p.epi.scale ? EpiScale{p.epi.scale[0], p.epi.scale[1]}
+                           : EpiScale{p.epi.alpha, p.epi.beta};
+#pragma unroll
+  for (const float* t : p.epi.tensor_scale)
+    if (t) s.alpha *= *t;
+  return s;
 }
 
 // The scale of row r of item z (row_scale, 1 without) and of column c of item z (col_scale; 1
