@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>  // getenv
 
 #include "host/gemm_config.h"
 
@@ -118,15 +117,6 @@ std::string LaunchSm90Tail(const GemmProblem& pr, const GemmParams& p, int confi
 }  // namespace
 
 int DeviceSms(int device) { return Info(device).sms; }
-
-int DependentLaunch(cudaLaunchAttribute& attr, bool enabled) {
-  const char* env = std::getenv("JAX_TCGEMM_PDL");
-  if (!enabled || (env && std::string(env) == "0")) return 0;
-  attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  return 1;
-}
 
 std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device) {
   const uint64_t bit = device >= 0 && device < kMaxDevices ? uint64_t(1) << device : 0;
@@ -335,7 +325,7 @@ std::string LaunchGemm(const GemmProblem& pr, const WorkspacePlan& wp,
   // Slices through the workspace store raw partials; the reduction runs the epilogue.
   p.partial = split > 1 && !p.cluster_reduce ? pr.workspace : nullptr;
   if (wp.b.transposed)
-    if (cudaError_t e = LaunchTransposeBytes(transpose, dev.cc >= 90, stream); e != cudaSuccess)
+    if (cudaError_t e = LaunchTransposeBytes(transpose, stream); e != cudaSuccess)
       return CudaError("8-bit B transpose launch", e);
   if (cfg.kind == Kind::kNarrow) {
     if (std::string err = LaunchNarrow(p, config, pr.in_type, pr.b_type, device, stream);

@@ -59,13 +59,6 @@ int DeviceSms(int device);
 // `done` records it (devices past 63 ask every time). Empty string, or what went wrong.
 std::string RaiseSmemLimit(const void* fn, int bytes, std::atomic<uint64_t>& done, int device);
 
-// Sets `attr` to programmatic dependent launch (ptx/griddep.cuh) for a kernel that calls
-// griddep_wait before it touches global memory, so that its launch and set-up overlap the tail
-// of the kernel before it in the stream. Returns the number of attributes set: 1, or 0 where
-// `enabled` is false (a device below sm_90) or the environment sets JAX_TCGEMM_PDL=0 (read on
-// every launch: an A/B switch for measurements, and a way out should a driver mishandle it).
-int DependentLaunch(cudaLaunchAttribute& attr, bool enabled);
-
 // Defined in kernels/sm90/kernels_sm90.cu (sm_90a): launches sm90 config `config` with params
 // p as LaunchGemm prepared them (tiles, split, leading dimensions, packed operands; for split-K,
 // C redirected to the float32 workspace), one persistent block per SM of the `sms`. Operands:
@@ -145,8 +138,7 @@ struct TransposeJob {
   uint8_t* dst;
   int64_t batch, k, n;
 };
-// `dependent`: launched with DependentLaunch (sm_90+), the GEMM after it as its dependent.
-cudaError_t LaunchTransposeBytes(const TransposeJob& job, bool dependent, cudaStream_t stream);
+cudaError_t LaunchTransposeBytes(const TransposeJob& job, cudaStream_t stream);
 
 // The copies plan wp (PlanWorkspace(pr)) packs, as jobs for LaunchPack into pr.workspace after
 // the split-K partials; points p's operands, leading dimensions (p.lda / p.ldb as stored on

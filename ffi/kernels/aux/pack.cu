@@ -13,7 +13,6 @@
 
 #include "host/gemm_dispatch.h"
 #include "kernels/common/element.cuh"
-#include "ptx/griddep.cuh"
 
 namespace tcgemm {
 namespace {
@@ -109,8 +108,6 @@ __device__ __forceinline__ int TrWord(int row, int word) {
 
 __global__ void __launch_bounds__(kThreads) transpose_bytes_kernel(TransposeJob j, bool vec) {
   __shared__ uint32_t tile[kTr * kTr / 4];
-  ptx::griddep_wait();  // (a dependent launch: src may be the previous kernel's output)
-  ptx::griddep_launch_dependents();  // the GEMM's blocks take SMs as this grid's drain
   const int t = threadIdx.x;
   const int64_t k0 = int64_t(blockIdx.y) * kTr, n0 = int64_t(blockIdx.x) * kTr;
   const uint8_t* src = j.src + int64_t(blockIdx.z) * j.k * j.n;
@@ -181,7 +178,7 @@ cudaError_t LaunchPack(const PackJob* jobs, int count, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t LaunchTransposeBytes(const TransposeJob& job, bool dependent, cudaStream_t stream) {
+cudaError_t LaunchTransposeBytes(const TransposeJob& job, cudaStream_t stream) {
   if (job.n == 0 || job.k == 0 || job.batch == 0) return cudaSuccess;
   const int64_t tiles_n = (job.n + kTr - 1) / kTr, tiles_k = (job.k + kTr - 1) / kTr;
   if (job.k % 16 != 0 || job.batch < 0 || tiles_n > INT32_MAX || tiles_k > 65535 ||
@@ -197,16 +194,7 @@ cudaError_t LaunchTransposeBytes(const TransposeJob& job, bool dependent, cudaSt
     part.batch = std::min(kMaxZ, job.batch - z0);
     const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_k),
                     static_cast<unsigned>(part.batch));
-    cudaLaunchConfig_t launch{};
-    launch.gridDim = grid;
-    launch.blockDim = dim3(kThreads);
-    launch.stream = stream;
-    cudaLaunchAttribute attr;
-    launch.attrs = &attr;
-    launch.numAttrs = static_cast<unsigned>(DependentLaunch(attr, dependent));
-    if (cudaError_t e = cudaLaunchKernelEx(&launch, transpose_bytes_kernel, part, vec);
-        e != cudaSuccess)
-      return e;
+    transpose_bytes_kernel<<<grid, kThreads, 0, stream>>>(part, vec);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -47,7 +47,6 @@
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
 #include "kernels/common/ragged.cuh"
-#include "ptx/griddep.cuh"
 #include "kernels/sm90/epilogue_sm90.cuh"
 #include "kernels/sm90/operands_sm90.cuh"  // Sm90Operands
 #include "kernels/sm90/sched_sm90.cuh"  // Sm90Work, Sm90Sched
@@ -108,9 +107,6 @@ __global__ void __launch_bounds__(Sm90Traits<CFG>::kThreads, 1)
     ptx::fence_proxy_async_shared();
   }
   __syncthreads();
-  // Launched as a dependent of the kernel before it (LaunchSm90): the set-up above overlaps
-  // that kernel's tail; global memory (operands, scales, C, D) is touched only after this.
-  ptx::griddep_wait();
 
   if (wg == 0) {  // producer
     ptx::setmaxnreg_dec<Tr::kProducerRegs>();

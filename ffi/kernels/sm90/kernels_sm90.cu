@@ -131,9 +131,6 @@ std::string LaunchSm90(const GemmParams& p, int config, InType in_type, InType b
   launch.blockDim = dim3(k.threads);
   launch.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
   launch.stream = stream;
-  cudaLaunchAttribute attr;  // the kernel waits for the one before it (griddep_wait)
-  launch.attrs = &attr;
-  launch.numAttrs = static_cast<unsigned>(DependentLaunch(attr, true));
   cudaError_t e = cudaLaunchKernelExC(&launch, k.fn, args);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) return std::string("sm90 kernel launch: ") + cudaGetErrorString(e);
