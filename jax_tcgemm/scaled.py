@@ -218,8 +218,7 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     traced = not int_out and scale is not None
     if traced:
         args.append(jnp.stack([jnp.float32(al) * scale[0], scale[1]]).astype(jnp.float32))
-    tensor = [] if int_out else [x.astype(jnp.float32) for x in (sa, sb)
-                                 if x is not None and x.ndim == 0]
+    tensor = [] if int_out else [x for x in (sa, sb) if x is not None and x.ndim == 0]  # float32
     args += tensor
     if row:
         args.append(jnp.broadcast_to(sa, (nb, r)))

@@ -256,8 +256,9 @@ def cuda_text(f, *args):
 
 
 CALL_ATTRS = ("transpose_a", "transpose_b", "config", "split_k", "pack", "has_c", "has_bias",
-              "has_scale", "tensor_scales", "has_row_scale", "has_col_scale", "aux", "promote", "piece_scale_k",
-              "piece_scale", "tail_rows", "tail_split", "alpha", "beta", "activation")
+              "has_scale", "tensor_scales", "has_row_scale", "has_col_scale", "aux", "promote",
+              "piece_scale_k", "piece_scale", "tail_rows", "tail_split", "alpha", "beta",
+              "activation")
 
 
 def custom_calls(text, target="tcgemm"):

@@ -19,9 +19,9 @@ namespace tcgemm {
 namespace {
 
 // The epilogue operands (c, bias, scale, `tensor_scales` float32 scalars, row_scale, col_scale:
-// the call's arguments after a and b, those the flags name, in that order), then the block scales (block_sa, block_sb: into p)
-// and the aux result (after d and the workspace), checked against the result (B, M, N) and K
-// and decoded into p. Empty string, or what is wrong.
+// the call's arguments after a and b, those the flags name, in that order), then the block
+// scales (block_sa, block_sb: into p) and the aux result (after d and the workspace), checked
+// against the result (B, M, N) and K and decoded into p. Empty string, or what is wrong.
 std::string DecodeEpilogue(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
                            ffi::AnyBuffer::Dimensions cd, int64_t k, DType d_type, bool has_c,
                            bool has_bias, bool has_scale, int64_t tensor_scales,
@@ -150,7 +150,8 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       ffi::Result<ffi::AnyBuffer> workspace, ffi::RemainingRets epi_rets,
                       bool transpose_a, bool transpose_b, std::string_view config,
                       int64_t split_k, bool pack, bool has_c, bool has_bias, bool has_scale,
-                      int64_t tensor_scales, bool has_row_scale, bool has_col_scale, bool has_block_scale, bool aux,
+                      int64_t tensor_scales, bool has_row_scale, bool has_col_scale,
+                      bool has_block_scale, bool aux,
                       bool promote, int64_t piece_scale_k, float piece_scale, int64_t tail_rows,
                       int64_t tail_split, float alpha, float beta, int32_t activation) {
   const auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
@@ -221,8 +222,7 @@ ffi::Error TcgemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   GemmProblem pr{};
   if (std::string err = DecodeEpilogue(epi_args, epi_rets, cd, ka, *d_type, has_c, has_bias,
                                        has_scale, tensor_scales, has_row_scale, has_col_scale,
-                                       has_block_scale,
-                                       aux, alpha, beta, activation, pr.params);
+                                       has_block_scale, aux, alpha, beta, activation, pr.params);
       !err.empty())
     return Invalid(err + " [" + shapes() + "]");
   if (c->element_count() == 0) return ffi::Error::Success();  // M, N or batch is 0
