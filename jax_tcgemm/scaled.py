@@ -214,10 +214,11 @@ def _kernel(a3, b3, sa, sb, c3, bias, scale, st, plan):
     block = form == "block"
     row = not block and sa is not None and sa.ndim == 2
     col = not block and sb is not None and sb.ndim == 2
-    # alpha and beta static, or [al * scale[0], scale[1]] when traced; then the per-tensor scales
+    # alpha and beta static, or the float32 [alpha, beta] of epilogue.scale_operand when traced
+    # (which then stands in for al and be, as in epilogue.apply); then the per-tensor scales
     traced = not int_out and scale is not None
     if traced:
-        args.append(jnp.stack([jnp.float32(al) * scale[0], scale[1]]).astype(jnp.float32))
+        args.append(scale)
     tensor = [] if int_out else [x for x in (sa, sb) if x is not None and x.ndim == 0]  # float32
     args += tensor
     if row:
