@@ -153,6 +153,30 @@ def ref64(a, b, *, transpose_a=False, transpose_b=False) -> np.ndarray:
     return np.matmul(a, b)
 
 
+def scaled_ref64(a, b, sa, sb, *, transpose_b=False, block=False) -> np.ndarray:
+    """float64 sum_k a b * scales of tg.scaled_matmul's quantised operands: a (..., M, K), b
+    (..., K, N) or with transpose_b (..., N, K), batch dims broadcast. Per-tensor / row / column
+    scales (sa () / (1,) / (..., M), sb () / (1,) / (..., N)) multiply the product; `block`:
+    sa (..., M, Kb), sb (..., Kb, Nb) or with transpose_b (..., Nb, Kb), each 128-slice of K's
+    partial product times its blocks' scales. No scales: sa and sb None."""
+    A, B = f64(a), f64(b)
+    B = np.swapaxes(B, -1, -2) if transpose_b else B  # (..., K, N)
+    if sa is None:
+        return np.matmul(A, B)
+    SA, SB = f64(sa), f64(sb)
+    if not block:
+        return np.matmul(A, B) * (SA[..., None] if SA.ndim else SA) * \
+            (SB[..., None, :] if SB.ndim else SB)
+    SB = np.swapaxes(SB, -1, -2) if transpose_b else SB  # (..., Kb, Nb)
+    k, n = B.shape[-2:]
+    out = 0.0
+    for kb in range(-(-k // 128)):
+        sl = slice(128 * kb, 128 * (kb + 1))
+        col = np.repeat(SB[..., kb, :], 128, axis=-1)[..., None, :n]
+        out = out + np.matmul(A[..., sl], B[..., sl, :]) * SA[..., kb:kb + 1] * col
+    return out
+
+
 def rel_err(out, ref) -> float:
     """||out - ref||_F / ||ref||_F in float64 (inf if out has any non-finite value)."""
     out = f64(out)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import jax_tcgemm as tg
 
-from conftest import assert_close, epilogue64, f64, rel_err, seed_of
+from conftest import assert_close, epilogue64, f64, rel_err, scaled_ref64, seed_of
 
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
 I8, I32, F16, BF16, F32 = (np.dtype(np.int8), np.dtype(np.int32), np.dtype(jnp.float16),
@@ -87,25 +87,10 @@ def case(pair, fa, fb, *, m=M, n=N, k=K, transpose_b=False, batch=(), seed=()):
 
 
 def ref64(a, b, sa, sb, transpose_b=False):
-    """float64 sum_k a b * scales of the quantised values; a (..., M, K)."""
-    A, B = f64(a), f64(b)
-    if transpose_b:
-        B = B.T
-    if sa is None:
-        return A @ B
-    SA, SB = f64(sa), f64(sb)
-    if SA.ndim < A.ndim:  # tensor / row
-        SA = SA.reshape(()) if SA.size == 1 and SA.ndim <= 1 else SA[..., None]
-        SB = SB.reshape(()) if SB.size == 1 else SB
-        return (A @ B) * SA * SB
-    if transpose_b:
-        SB = SB.T
-    k, n = B.shape
-    out = 0.0
-    for kb in range(cdiv(k, 128)):
-        sl = slice(kb * 128, (kb + 1) * 128)
-        out = out + (A[..., sl] @ B[sl]) * SA[..., kb:kb + 1] * np.repeat(SB[kb], 128)[:n]
-    return out
+    """float64 sum_k a b * scales of the quantised values; a (..., M, K) (conftest.scaled_ref64,
+    block scales where sa has a's rank)."""
+    return scaled_ref64(a, b, sa, sb, transpose_b=transpose_b,
+                        block=sa is not None and np.ndim(sa) >= np.ndim(a))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 import jax_tcgemm as tg
 from jax_tcgemm import configs
 
-from conftest import act64, bound, f64, poisoned, rel_err, seed_of
+from conftest import act64, bound, epilogue64, f64, poisoned, rel_err, scaled_ref64, seed_of
 
 pytestmark = pytest.mark.gpu
 
@@ -80,27 +80,9 @@ def reference(a, b, sa, sb, c, bias, beta, activation, transpose_b):
     """float64 result of the quantised operands (b as given), scales, epilogue. A 2-D sa is the
     block form: sa (M, Kb), sb (Kb, Nb) or, with transpose_b, (Nb, Kb); each 128-slice of K's
     exact partial product scaled by its blocks' scales."""
-    bk = f64(b).T if transpose_b else f64(b)  # (K, N)
-    if sa is not None and np.ndim(sa) == 2:
-        m, (k, n) = a.shape[0], bk.shape
-        sbk = np.asarray(sb, np.float64).T if transpose_b else np.asarray(sb, np.float64)
-        acc = np.zeros((m, n))
-        for j in range(-(-k // 128)):
-            sl = slice(128 * j, 128 * (j + 1))
-            acc += (f64(a)[:, sl] @ bk[sl]) * sa[:, j:j + 1] * np.repeat(sbk[j], 128)[:n]
-        sa = None  # (applied)
-    else:
-        acc = f64(a) @ bk
-    if sa is not None:
-        s_a = np.asarray(sa, np.float64)
-        acc = acc * (s_a[:, None] if s_a.ndim == 1 else s_a)
-        acc = acc * np.asarray(sb, np.float64)
-    pre = acc
-    if c is not None:
-        pre = pre + beta * f64(c)
-    if bias is not None:
-        pre = pre + f64(bias)
-    return act64(activation, pre)
+    acc = scaled_ref64(a, b, sa, sb, transpose_b=transpose_b,
+                       block=sa is not None and np.ndim(sa) == 2)
+    return epilogue64(acc, c, bias, beta=beta, activation=activation)[0]
 
 
 def uses_kernel(fn, *args) -> bool:
