@@ -18,10 +18,9 @@ from jax import lax
 
 import jax_tcgemm as tg
 
-from conftest import bound, f64, rand
+from conftest import BOUNDS, bound, f64, rand
 
 DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.int8, jnp.float8_e4m3fn)
-FLOAT_OUT = {np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32)}
 GROUPS, PER_GROUP = 4, 30
 
 
@@ -52,7 +51,7 @@ def _case(group: int, i: int):
 
 def _check(out, want, ref, k, what):
     assert (out.shape, out.dtype) == (want.shape, want.dtype), what
-    if np.dtype(out.dtype) in FLOAT_OUT:
+    if np.dtype(out.dtype) in BOUNDS:  # float16 / bfloat16 / float32
         err = np.abs(f64(out) - ref).max(initial=0.0)
         scale = max(1.0, np.abs(ref).max(initial=0.0)) * max(1.0, k ** 0.5 / 4)
         lim = 4 * bound(out.dtype, k) * scale
