@@ -1,0 +1,175 @@
+// How the tensor pipe serves the promoted fp8 pieces of several consumer warpgroups
+// (benchmarks/NOTES.md v99): one block per SM, 1-3 warpgroups, each issuing pieces of
+// 4 x wgmma m64n128k32 e4m3 (a k tile of the g3 row) from shared memory, no TMA, no barriers
+// but an optional named-barrier re-sync every `tile` pieces (a tile's start), in modes:
+//   0 chain: the pieces accumulate into one sum, no wait per piece (the pipe's own rate)
+//   1 drain: each piece summed from 0 and waited for (wait_group 0), not added
+//   2 promote: as 1, then its 64 partial sums added into float32 sums (the g3 loop)
+//   3 ring: as 2, the warpgroups issuing in turn (c waits for c - 1's issue, 0 for the last's)
+//   4 first: as 2, warpgroup c's first piece of a tile waits for c - 1's first to complete
+// `stagger`: warpgroup c spins c * stagger cycles before its first piece (after each re-sync).
+// Prints SM cycles per piece per warpgroup (median over blocks) and the pipe's share against
+// mode 0 with three warpgroups. Not a test: a measuring tool, built and run by hand:
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I ffi tools/pipe_probe.cu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/sm90/traits_sm90.cuh"  // smem_desc
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+using namespace tcgemm;
+
+// K-major, 128-byte swizzle: the kernel's descriptor (traits_sm90.cuh)
+__device__ __forceinline__ uint64_t kdesc(uint32_t addr) { return smem_desc(addr, 16, 1024); }
+
+// a stage: 192 rows of A + 128 of B, 128 bytes each; block 0's first kTrace pieces are traced
+constexpr int kStage = 40960, kStages = 4, kTrace = 256;
+
+template <bool TRACE>
+__global__ void __launch_bounds__(384, 1)
+    probe(int mode, int iters, int wgs, int stagger, int tile, float* out, long long* cyc,
+          long long* trace) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  char* gbase = smem_raw + (base - raw);
+  for (int i = threadIdx.x; i < kStage * kStages / 4; i += blockDim.x) {
+    uint32_t x = (i + 1) * 2654435761u ^ (blockIdx.x * 97u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    reinterpret_cast<uint32_t*>(gbase)[i] = x & 0xBFBFBFBFu;  // e4m3 exponents <= 7: finite
+  }
+  __syncthreads();
+  // warp-uniform through a shuffle, as in the kernel: descriptors in uniform registers
+  const int wg = __shfl_sync(~0u, int(threadIdx.x / 128), 0);
+  if (wg >= wgs) return;
+  float acc[64], part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
+  long long spun = 0;
+  auto wait_stagger = [&] {
+    const long long t = clock64();
+    if (stagger)
+      while (clock64() < t + wg * stagger) {
+      }
+    spun += clock64() - t;
+  };
+  const long long t0 = clock64();
+  wait_stagger();
+  for (int it = 0; it < iters; ++it) {
+    if (tile && it && it % tile == 0) {
+      ptx::wgmma_wait_group<0>();
+      ptx::named_barrier_sync(1, 128 * wgs);
+      wait_stagger();
+    }
+    const bool tr = TRACE && blockIdx.x == 0 && threadIdx.x % 128 == 0 && it < kTrace;
+    const bool first = tile ? it % tile == 0 : it == 0;
+    if (mode == 3 && wgs > 1 && !(wg == 0 && it == 0)) ptx::named_barrier_sync(4 + wg, 256);
+    if (mode == 4 && wg > 0 && first) ptx::named_barrier_sync(4 + wg, 256);
+    if (tr) trace[(wg * kTrace + it) * 2] = clock64();
+    const uint32_t st = base + (it % kStages) * kStage;
+    const uint64_t da = kdesc(st + wg * 8192), db = kdesc(st + 24576);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * j, db + 2 * j,
+                                              mode == 0 ? 1 : int(j > 0));
+    ptx::wgmma_commit_group();
+    if (mode == 3 && wgs > 1) ptx::named_barrier_arrive(4 + (wg + 1) % wgs, 256);
+    if (!TRACE && mode == 0) {
+      ptx::wgmma_wait_group<1>();
+    } else {
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operands(part);
+      if (tr) trace[(wg * kTrace + it) * 2 + 1] = clock64();
+      if (mode == 4 && wg + 1 < wgs && first) ptx::named_barrier_arrive(5 + wg, 256);
+      if (mode >= 2) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += part[i];
+      }
+    }
+  }
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operands(part);
+  const long long t1 = clock64();
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s += acc[i] + part[i];
+  out[blockIdx.x * 384 + threadIdx.x] = s;
+  if (threadIdx.x % 128 == 0) cyc[blockIdx.x * 3 + wg] = t1 - t0 - spun;
+}
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? atoi(argv[1]) : 20000;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int smem = kStage * kStages + 1024;
+  cudaFuncSetAttribute(probe<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(probe<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  float* out;
+  long long* cyc;
+  cudaMalloc(&out, sms * 384 * sizeof(float));
+  cudaMalloc(&cyc, sms * 3 * sizeof(long long));
+  struct Run { int mode, wgs, stagger, tile; };
+  const Run runs[] = {
+      {0, 3, 0, 0}, {0, 2, 0, 0}, {0, 1, 0, 0},   {1, 1, 0, 0},   {2, 1, 0, 0},
+      {1, 3, 0, 0}, {2, 3, 0, 0}, {2, 3, 90, 0},  {2, 3, 170, 0}, {2, 3, 260, 0},
+      {2, 3, 0, 64}, {2, 3, 90, 64}, {2, 3, 170, 64}, {2, 3, 340, 64}, {2, 3, 520, 64},
+      {2, 2, 0, 0}, {2, 2, 130, 0}, {3, 3, 0, 0}, {3, 3, 0, 64}, {4, 3, 0, 0}, {4, 3, 0, 64},
+  };
+  double base_rate = 0;  // cycles per piece of mode 0, three warpgroups (the pipe's rate)
+  for (const Run& r : runs) {
+    std::vector<long long> h(sms * 3);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaMemset(cyc, 0, sms * 3 * sizeof(long long));
+      probe<false><<<sms, 384, smem>>>(r.mode, iters, r.wgs, r.stagger, r.tile, out, cyc, nullptr);
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        return 1;
+      }
+      cudaMemcpy(h.data(), cyc, h.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+      std::vector<double> per;  // the slowest warpgroup of each block, cycles per piece
+      for (int b = 0; b < sms; ++b) {
+        long long m = 0;
+        for (int w = 0; w < r.wgs; ++w) m = std::max(m, h[b * 3 + w]);
+        per.push_back(double(m) / iters);
+      }
+      std::sort(per.begin(), per.end());
+      best = std::min(best, per[per.size() / 2]);
+    }
+    // pieces of all warpgroups per cycle -> cycles per piece of the SM
+    const double sm_per_piece = best / r.wgs;
+    if (r.mode == 0 && r.wgs == 3) base_rate = sm_per_piece;
+    printf("mode %d wgs %d stagger %3d tile %2d: %7.1f cycles per piece per warpgroup, "
+           "%6.1f per piece of the SM, pipe %5.1f%%\n",
+           r.mode, r.wgs, r.stagger, r.tile, best, sm_per_piece, 100.0 * base_rate / sm_per_piece);
+  }
+  // Traces of block 0: per piece, warpgroups 1 and 2's issue relative to warpgroup 0's, and
+  // each one's issue-to-completion cycles.
+  long long* dtr;
+  cudaMalloc(&dtr, 3 * kTrace * 2 * sizeof(long long));
+  const Run traced[] = {{2, 3, 0, 64}, {2, 3, 340, 64}, {2, 3, 0, 0}, {3, 3, 0, 64}};
+  for (const Run& r : traced) {
+    std::vector<long long> h(3 * kTrace * 2);
+    cudaMemset(dtr, 0, h.size() * sizeof(long long));
+    probe<true><<<sms, 384, smem>>>(r.mode, 2000, r.wgs, r.stagger, r.tile, out, cyc, dtr);
+    cudaDeviceSynchronize();
+    cudaMemcpy(h.data(), dtr, h.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+    printf("trace stagger %d tile %d: piece: issue1-issue0 issue2-issue0 | lat0 lat1 lat2 | "
+           "issue0 - previous issue0\n", r.stagger, r.tile);
+    auto at = [&](int w, int i, int e) { return h[(w * kTrace + i) * 2 + e]; };
+    for (int i = 0; i < kTrace; ++i) {
+      if (!(i < 12 || (i >= 60 && i < 72) || (i >= 120 && i < 132) || i >= 244)) continue;
+      printf("  %3d: %6lld %6lld | %5lld %5lld %5lld | %5lld\n", i, at(1, i, 0) - at(0, i, 0),
+             at(2, i, 0) - at(0, i, 0), at(0, i, 1) - at(0, i, 0), at(1, i, 1) - at(1, i, 0),
+             at(2, i, 1) - at(2, i, 0), i ? at(0, i, 0) - at(0, i - 1, 0) : 0);
+    }
+  }
+  return 0;
+}
