@@ -59,16 +59,22 @@ __global__ void __launch_bounds__(384, 1)
       }
     spun += clock64() - t;
   };
+  // (no division in the loop: a runtime modulo put ~20 instructions and a MUFU on every
+  // warpgroup's path from one piece to the next)
+  const uint32_t ring_next = 4 + (wg + 1 == wgs ? 0 : wg + 1);
+  int left = tile;  // pieces to the next re-sync (tile > 0)
   const long long t0 = clock64();
   wait_stagger();
   for (int it = 0; it < iters; ++it) {
-    if (tile && it && it % tile == 0) {
+    bool first = it == 0;
+    if (tile && left-- == 0) {
+      left = tile - 1;
+      first = true;
       ptx::wgmma_wait_group<0>();
       ptx::named_barrier_sync(1, 128 * wgs);
       wait_stagger();
     }
     const bool tr = TRACE && blockIdx.x == 0 && threadIdx.x % 128 == 0 && it < kTrace;
-    const bool first = tile ? it % tile == 0 : it == 0;
     if (mode == 3 && wgs > 1 && !(wg == 0 && it == 0)) ptx::named_barrier_sync(4 + wg, 256);
     if (mode == 4 && wg > 0 && first) ptx::named_barrier_sync(4 + wg, 256);
     if (tr) trace[(wg * kTrace + it) * 2] = clock64();
@@ -80,7 +86,7 @@ __global__ void __launch_bounds__(384, 1)
       ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * j, db + 2 * j,
                                               mode == 0 ? 1 : int(j > 0));
     ptx::wgmma_commit_group();
-    if (mode == 3 && wgs > 1) ptx::named_barrier_arrive(4 + (wg + 1) % wgs, 256);
+    if (mode == 3 && wgs > 1) ptx::named_barrier_arrive(ring_next, 256);
     if (!TRACE && mode == 0) {
       ptx::wgmma_wait_group<1>();
     } else {
