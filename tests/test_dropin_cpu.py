@@ -1,5 +1,6 @@
 """Drop-in fidelity of tg.dot_general / tg.matmul against lax (issue 25, "Drop-in fidelity"):
-fallback dtypes bit-exact with lax and accumulated in the requested type, lax's normalisation
+fallback dtypes bit-exact with lax and accumulated in the requested type, every pair of JAX's
+dtypes as lax, lax's normalisation
 of preferred_element_type, lax's validation of precision and dimension numbers, and safety
 under a global monkeypatch of jax.lax.dot_general, and jax 0.12.1's reduction_order. CPU; fresh
 random inputs per case."""
@@ -19,13 +20,15 @@ DN = (((1,), (0,)), ((), ()))
 
 
 def rand(shape, dtype, seed):
+    """Fresh values of any JAX dtype: integers in [-100, 100] (int4's own range), unit normals,
+    random booleans."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     if dt == np.bool_:
         return rng.integers(0, 2, shape).astype(bool)
-    if np.issubdtype(dt, np.integer):
-        info = np.iinfo(dt)
-        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dt)
+    if jnp.issubdtype(dt, jnp.integer):  # (jnp's: it knows int4)
+        info = jnp.iinfo(dt)
+        return rng.integers(max(int(info.min), -100), min(int(info.max), 100), shape).astype(dt)
     if np.issubdtype(dt, np.complexfloating):
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
     return rng.standard_normal(shape).astype(dt)
@@ -216,3 +219,49 @@ def test_reduction_order_needs_newer_jax():
         with pytest.raises(TypeError, match=r"reduction_order='\w+' needs jax >= 0.12.1"):
             tg.dot_general(a, b, DN, reduction_order=order)
     assert tg.dot_general(a, b, DN, reduction_order=None).shape == (4, 4)
+
+
+# Every dtype JAX has (the 8-bit and 4-bit floats among them, int4, bool, complex, float64 under
+# x64): most pairs take the lax fallback; the float16 / bfloat16 / fp8 / int8 ones the primitive
+# (lowered through lax on CPU).
+PAIR_NAMES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "uint8",
+              "int4", "bool", "complex64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+              "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e3m4", "float8_e4m3",
+              "float4_e2m1fn"]
+PAIR_DTYPES = [getattr(jnp, n) for n in PAIR_NAMES if hasattr(jnp, n)]
+
+
+def as64(x):
+    x = np.asarray(x)
+    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
+
+
+@pytest.mark.parametrize("lhs", PAIR_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_every_dtype_pair_as_lax(lhs):
+    """With and without a preferred_element_type: lax's result dtype, shape and values
+    (integers exactly, floats within two ulps of the result type, infinities where lax has
+    them), or an error of the same type where lax raises one."""
+    i = PAIR_NAMES.index(jnp.dtype(lhs).name)
+    with jax.enable_x64(True):
+        for j, rhs in enumerate(PAIR_DTYPES):
+            for pet in (None, jnp.float32):
+                a, b = rand((5, 7), lhs, (i, j, 1)), rand((7, 3), rhs, (i, j, 2))
+                case = (jnp.dtype(lhs).name, jnp.dtype(rhs).name, pet)
+                try:
+                    want = LAX_DOT(a, b, DN, preferred_element_type=pet)
+                except Exception as e:  # lax rejects the pair: so must we, with its error type
+                    with pytest.raises(type(e)):
+                        tg.dot_general(a, b, DN, preferred_element_type=pet)
+                    continue
+                got = tg.dot_general(a, b, DN, preferred_element_type=pet)
+                assert got.dtype == want.dtype and got.shape == want.shape, (case, got.dtype)
+                if not jnp.issubdtype(want.dtype, jnp.inexact):  # integers, bool: exactly lax's
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(want), str(case))
+                    continue
+                # floats: within two of the result type's ulps (sums rounded apart), on the
+                # scale of the largest finite output
+                eps = 2 * float(jnp.finfo(want.dtype).eps)
+                w = as64(want)
+                scale = float(np.abs(w[np.isfinite(w)]).max(initial=1.0))
+                np.testing.assert_allclose(as64(got), w, rtol=eps, atol=eps * scale,
+                                           err_msg=str(case))
