@@ -24,9 +24,6 @@
 
 using namespace tcgemm;
 
-// K-major, 128-byte swizzle: the kernel's descriptor (traits_sm90.cuh)
-__device__ __forceinline__ uint64_t kdesc(uint32_t addr) { return smem_desc(addr, 16, 1024); }
-
 // a stage: 192 rows of A + 128 of B, 128 bytes each; block 0's first kTrace pieces are traced
 constexpr int kStage = 40960, kStages = 4, kTrace = 256;
 
@@ -79,7 +76,8 @@ __global__ void __launch_bounds__(384, 1)
     if (mode == 4 && wg > 0 && first) ptx::named_barrier_sync(4 + wg, 256);
     if (tr) trace[(wg * kTrace + it) * 2] = clock64();
     const uint32_t st = base + (it % kStages) * kStage;
-    const uint64_t da = kdesc(st + wg * 8192), db = kdesc(st + 24576);
+    // K-major, 128-byte swizzle: the kernel's descriptors (traits_sm90.cuh)
+    const uint64_t da = smem_desc(st + wg * 8192, 16, 1024), db = smem_desc(st + 24576, 16, 1024);
     ptx::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -165,10 +163,13 @@ int main(int argc, char** argv) {
     std::vector<long long> h(3 * kTrace * 2);
     cudaMemset(dtr, 0, h.size() * sizeof(long long));
     probe<true><<<sms, 384, smem>>>(r.mode, 2000, r.wgs, r.stagger, r.tile, out, cyc, dtr);
-    cudaDeviceSynchronize();
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      printf("traced launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+      return 1;
+    }
     cudaMemcpy(h.data(), dtr, h.size() * sizeof(long long), cudaMemcpyDeviceToHost);
-    printf("trace stagger %d tile %d: piece: issue1-issue0 issue2-issue0 | lat0 lat1 lat2 | "
-           "issue0 - previous issue0\n", r.stagger, r.tile);
+    printf("trace mode %d stagger %d tile %d: piece: issue1-issue0 issue2-issue0 | lat0 lat1 "
+           "lat2 | issue0 - previous issue0\n", r.mode, r.stagger, r.tile);
     auto at = [&](int w, int i, int e) { return h[(w * kTrace + i) * 2 + e]; };
     for (int i = 0; i < kTrace; ++i) {
       if (!(i < 12 || (i >= 60 && i < 72) || (i >= 120 && i < 132) || i >= 244)) continue;
