@@ -7,7 +7,10 @@
 //   2 promote: as 1, then its 64 partial sums added into float32 sums (the g3 loop)
 //   3 ring: as 2, the warpgroups issuing in turn (c waits for c - 1's issue, 0 for the last's)
 //   4 first: as 2, warpgroup c's first piece of a tile waits for c - 1's first to complete
-// `stagger`: warpgroup c spins c * stagger cycles before its first piece (after each re-sync).
+//   5 spaced ring: as 3, and a warpgroup issues no earlier than `stagger` SM cycles after the
+//     previous one issued (its clock64 stamp in shared memory, passed with the ring's arrival)
+// `stagger` (modes other than 5): warpgroup c spins c * stagger cycles before its first piece
+// (after each re-sync).
 // Prints SM cycles per piece per warpgroup (median over blocks) and the pipe's share against
 // mode 0 with three warpgroups. Not a test: a measuring tool, built and run by hand:
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I ffi tools/pipe_probe.cu
@@ -45,13 +48,16 @@ __global__ void __launch_bounds__(384, 1)
   // warp-uniform through a shuffle, as in the kernel: descriptors in uniform registers
   const int wg = __shfl_sync(~0u, int(threadIdx.x / 128), 0);
   if (wg >= wgs) return;
+  // mode 5: each warpgroup's last issue (SM cycles), read by the next one in the ring (whose
+  // arrival, after all its threads read it, orders the slot's next write)
+  __shared__ long long stamp[3];
   float acc[64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
   long long spun = 0;
   auto wait_stagger = [&] {
     const long long t = clock64();
-    if (stagger)
+    if (stagger && mode != 5)
       while (clock64() < t + wg * stagger) {
       }
     spun += clock64() - t;
@@ -72,7 +78,16 @@ __global__ void __launch_bounds__(384, 1)
       wait_stagger();
     }
     const bool tr = TRACE && blockIdx.x == 0 && threadIdx.x % 128 == 0 && it < kTrace;
-    if (mode == 3 && wgs > 1 && !(wg == 0 && it == 0)) ptx::named_barrier_sync(4 + wg, 256);
+    const bool ring = (mode == 3 || mode == 5) && wgs > 1;
+    if (ring && !(wg == 0 && it == 0)) {
+      ptx::named_barrier_sync(4 + wg, 256);
+      if (mode == 5) {
+        const long long not_before = stamp[wg == 0 ? wgs - 1 : wg - 1] + stagger;
+        while (clock64() < not_before) {
+        }
+      }
+    }
+    if (mode == 5) stamp[wg] = clock64();  // every thread: no divergent branch here (C7515)
     if (mode == 4 && wg > 0 && first) ptx::named_barrier_sync(4 + wg, 256);
     if (tr) trace[(wg * kTrace + it) * 2] = clock64();
     const uint32_t st = base + (it % kStages) * kStage;
@@ -84,7 +99,7 @@ __global__ void __launch_bounds__(384, 1)
       ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * j, db + 2 * j,
                                               mode == 0 ? 1 : int(j > 0));
     ptx::wgmma_commit_group();
-    if (mode == 3 && wgs > 1) ptx::named_barrier_arrive(ring_next, 256);
+    if (ring) ptx::named_barrier_arrive(ring_next, 256);
     if (!TRACE && mode == 0) {
       ptx::wgmma_wait_group<1>();
     } else {
@@ -125,6 +140,7 @@ int main(int argc, char** argv) {
       {1, 3, 0, 0}, {2, 3, 0, 0}, {2, 3, 90, 0},  {2, 3, 170, 0}, {2, 3, 260, 0},
       {2, 3, 0, 64}, {2, 3, 90, 64}, {2, 3, 170, 64}, {2, 3, 340, 64}, {2, 3, 520, 64},
       {2, 2, 0, 0}, {2, 2, 130, 0}, {3, 3, 0, 0}, {3, 3, 0, 64}, {4, 3, 0, 0}, {4, 3, 0, 64},
+      {5, 3, 200, 0}, {5, 3, 200, 64}, {5, 3, 256, 64}, {5, 3, 320, 64},
   };
   double base_rate = 0;  // cycles per piece of mode 0, three warpgroups (the pipe's rate)
   for (const Run& r : runs) {
@@ -158,7 +174,8 @@ int main(int argc, char** argv) {
   // each one's issue-to-completion cycles.
   long long* dtr;
   cudaMalloc(&dtr, 3 * kTrace * 2 * sizeof(long long));
-  const Run traced[] = {{2, 3, 0, 64}, {2, 3, 340, 64}, {2, 3, 0, 0}, {3, 3, 0, 64}};
+  const Run traced[] = {{2, 3, 0, 64}, {2, 3, 340, 64}, {2, 3, 0, 0}, {3, 3, 0, 64},
+                        {5, 3, 256, 64}};
   for (const Run& r : traced) {
     std::vector<long long> h(3 * kTrace * 2);
     cudaMemset(dtr, 0, h.size() * sizeof(long long));
