@@ -38,14 +38,14 @@ pack() {
     fi
   done
   rm -rf .whl/old .whl/*.bsdiff && mkdir -p .whl/old
+  local tmp
+  tmp=$(mktemp -d)
   build_wheel() {  # $1: out dir (the byte kernels' object may be a variant's: recompiled)
     touch "$byte"
     "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$1" -C build-dir="$build" . \
-      >"$1.log" 2>&1 || { tail -30 "$1.log"; return 1; }
+      >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; return 1; }
   }
   build_wheel .whl/old || return 1
-  local tmp
-  tmp=$(mktemp -d)
   unzip -p .whl/old/*.whl "$SO" >"$tmp/old.so"
   "$py" -m pip download -q --no-deps -d .whl bsdiff4 >/dev/null || return 1
   "$py" -m pip install -q --target "$tmp/bsd" .whl/bsdiff4-*.whl >/dev/null || return 1
