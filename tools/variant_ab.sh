@@ -6,9 +6,10 @@
 #     NAME.bsdiff    per patch NAME.patch, that variant's module as a binary diff against HEAD's
 #                    (a variant's whole wheel would not fit the 64 MiB carry beside HEAD's);
 #     bsdiff4-*.whl  to apply them there; pipe_probe (tools/pipe_probe.cu), where nvcc is.
-#   A patch may change only headers of the sm_90a byte kernels and kernels_sm90_byte.cu: each
+#   A patch may change only headers of the sm_90a kernels and kernels_sm90_byte.cu: each
 #   variant is built incrementally in one build dir, with the headers' mtimes kept so that only
-#   kernels_sm90_byte.cu recompiles (~4 min here, against ~13 for a clean build).
+#   kernels_sm90_byte.cu recompiles (~4 min here, against ~13 for a clean build). So a variant is
+#   its byte kernels: its other kernels are HEAD's, whatever the shared headers now say.
 #   env: PY (python with the build deps, default python3), BUILD (default build/ab).
 #
 #   tools/variant_ab.sh run             (the GPU machine, repo root; logs under $OUT), in order:
