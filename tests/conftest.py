@@ -136,8 +136,10 @@ def rand(key_or_seed, shape, dtype=jnp.float16, scale=1.0):
 
 
 def f64(x) -> np.ndarray:
-    """Host float64 copy (converted on the host: no per-shape device compile)."""
-    return np.asarray(x).astype(np.float64)
+    """Host float64 copy, complex128 for complex values (converted on the host: no per-shape
+    device compile)."""
+    x = np.asarray(x)
+    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def ref64(a, b, *, transpose_a=False, transpose_b=False) -> np.ndarray:

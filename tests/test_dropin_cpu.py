@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 
 import jax_tcgemm as tg
+from conftest import f64
 
 LAX_DOT = lax.dot_general  # the original, taken before any test patches it
 DN = (((1,), (0,)), ((), ()))
@@ -231,11 +232,6 @@ PAIR_NAMES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int
 PAIR_DTYPES = [getattr(jnp, n) for n in PAIR_NAMES if hasattr(jnp, n)]
 
 
-def as64(x):
-    x = np.asarray(x)
-    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
-
-
 @pytest.mark.parametrize("lhs", PAIR_DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_every_dtype_pair_as_lax(lhs):
     """With and without a preferred_element_type: lax's result dtype, shape and values
@@ -261,7 +257,7 @@ def test_every_dtype_pair_as_lax(lhs):
                 # floats: within two of the result type's ulps (sums rounded apart), on the
                 # scale of the largest finite output
                 eps = 2 * float(jnp.finfo(want.dtype).eps)
-                w = as64(want)
+                w = f64(want)
                 scale = float(np.abs(w[np.isfinite(w)]).max(initial=1.0))
-                np.testing.assert_allclose(as64(got), w, rtol=eps, atol=eps * scale,
+                np.testing.assert_allclose(f64(got), w, rtol=eps, atol=eps * scale,
                                            err_msg=str(case))
