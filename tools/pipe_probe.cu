@@ -54,12 +54,14 @@ __global__ void __launch_bounds__(384, 1)
   float acc[64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
+  auto spin_until = [](long long t) {
+    while (clock64() < t) {
+    }
+  };
   long long spun = 0;
   auto wait_stagger = [&] {
     const long long t = clock64();
-    if (stagger && mode != 5)
-      while (clock64() < t + wg * stagger) {
-      }
+    if (stagger && mode != 5) spin_until(t + wg * stagger);
     spun += clock64() - t;
   };
   // (no division in the loop: a runtime modulo put ~20 instructions and a MUFU on every
@@ -81,11 +83,7 @@ __global__ void __launch_bounds__(384, 1)
     const bool ring = (mode == 3 || mode == 5) && wgs > 1;
     if (ring && !(wg == 0 && it == 0)) {
       ptx::named_barrier_sync(4 + wg, 256);
-      if (mode == 5) {
-        const long long not_before = stamp[wg == 0 ? wgs - 1 : wg - 1] + stagger;
-        while (clock64() < not_before) {
-        }
-      }
+      if (mode == 5) spin_until(stamp[wg == 0 ? wgs - 1 : wg - 1] + stagger);
     }
     if (mode == 5) stamp[wg] = clock64();  // every thread: no divergent branch here (C7515)
     if (mode == 4 && wg > 0 && first) ptx::named_barrier_sync(4 + wg, 256);

@@ -30,9 +30,10 @@ pack() {
   local py=${PY:-python3} build=${BUILD:-$REPO/build/ab}
   local byte=ffi/kernels/sm90/kernels_sm90_byte.cu
   git diff --quiet HEAD || { echo "pack: the working tree differs from HEAD"; return 1; }
+  patch_files() { git apply --numstat "$1" | cut -f3; }
   for patch in "$@"; do
     local files
-    files=$(git apply --numstat "$patch" | cut -f3) || return 1
+    files=$(patch_files "$patch") || return 1
     if grep -qvE '^ffi/kernels/sm90/[a-z_0-9]+\.cuh$|^ffi/kernels/sm90/kernels_sm90_byte\.cu$' \
         <<<"$files"; then
       echo "pack: $patch changes more than the byte kernels: $files"; return 1
@@ -51,21 +52,19 @@ pack() {
   "$py" -m pip download -q --no-deps -d .whl bsdiff4 >/dev/null || return 1
   "$py" -m pip install -q --target "$tmp/bsd" .whl/bsdiff4-*.whl >/dev/null || return 1
   for patch in "$@"; do
-    local name stamps=()
+    local name files stamps=() built
     name=$(basename "$patch" .patch)
-    local files
-    files=$(git apply --numstat "$patch" | cut -f3)
+    files=$(patch_files "$patch")
     for f in $files; do stamps+=("$(stat -c %y "$f")"); done
-    restore() {  # HEAD's text back, with the mtimes it had (no other object goes stale)
-      git checkout -- $files
+    stamp_back() {  # the files' mtimes as in HEAD's build (no other object goes stale)
       local i=0
       for f in $files; do touch -d "${stamps[$i]}" "$f"; i=$((i + 1)); done
     }
-    git apply "$patch" || return 1
-    local i=0
-    for f in $files; do touch -d "${stamps[$i]}" "$f"; i=$((i + 1)); done
-    if ! build_wheel "$tmp/$name"; then restore; return 1; fi
-    restore
+    git apply "$patch" && stamp_back || return 1
+    build_wheel "$tmp/$name"
+    built=$?
+    git checkout -- $files && stamp_back  # HEAD's text back
+    [ "$built" = 0 ] || return 1
     unzip -p "$tmp/$name"/*.whl "$SO" >"$tmp/$name.so"
     PYTHONPATH="$tmp/bsd" "$py" -c "import bsdiff4, sys; bsdiff4.file_diff(*sys.argv[1:])" \
       "$tmp/old.so" "$tmp/$name.so" ".whl/$name.bsdiff" || return 1
