@@ -340,7 +340,9 @@ def test_every_fp8_row(row, monkeypatch):
     """Each sm90 row with fp8 kernels, forced (whatever the planner would pick), with 1-3 K
     slices: block and per-tensor scales, M not a multiple of 4 (the staged rows' padded scale
     rows), both b layouts, e4m3 / e5m2 pairs, bfloat16 and float32 out, N of one to nine
-    column tiles, two tile rows with K split in two; against float64."""
+    column tiles, two tile rows with K split in two, and more tiles than SMs (blocks walk
+    several items: g3's next item's first piece issued in the epilogue, with 5, 2 and 1 k tiles
+    per item); against float64."""
     from jax_tcgemm import scaled
     fails = []
     for (m, n, k), tb, split, pair, out_dtype in (((130, 300, 1024), False, 1, PAIRS[0], F32),
@@ -349,7 +351,10 @@ def test_every_fp8_row(row, monkeypatch):
                                                  ((509, 260, 640), True, 2, PAIRS[0], F32),
                                                  ((97, 129, 512), True, 1, PAIRS[1], F32),
                                                  ((70, 1100, 384), True, 1, PAIRS[0], BF16),
-                                                 ((250, 512, 1024), False, 2, PAIRS[2], F32)):
+                                                 ((250, 512, 1024), False, 2, PAIRS[2], F32),
+                                                 ((2100, 2600, 640), False, 1, PAIRS[0], BF16),
+                                                 ((2100, 2600, 256), True, 1, PAIRS[1], F32),
+                                                 ((2100, 2600, 256), False, 2, PAIRS[2], BF16)):
         monkeypatch.setattr(scaled, "kernel_config", lambda *_, p=(row, split): p)
         for block in (True, False):
             rng = np.random.default_rng(seed_of("row", row, m, split, block))
@@ -434,7 +439,9 @@ def test_row_column_scales_on_every_sm90_row(row, monkeypatch):
     fp8: the short store path, each panel's column scales loaded together) on each sm90 row
     with 8-bit kernels, forced with 1 and 2 K slices: int8 and fp8 pairs, N odd (column scales
     one by one) and a multiple of 8 that is no tile multiple, M past the last whole tile, a batch
-    folded into M, bfloat16 / float16 / float32 out; against float64."""
+    folded into M, bfloat16 / float16 / float32 out; then more tiles than SMs (blocks walk
+    several items; g3 issues the next item's first piece in the epilogue), with the scales alone
+    and with bias + gelu_tanh (the full epilogue); against float64."""
     c = next(c for c in configs.CONFIGS if c.name == row)
     pairs = ([(I8, I8)] if c.int8 else []) + ([PAIRS[0], PAIRS[2]] if c.fp8 else [])
     fails = []
@@ -446,6 +453,10 @@ def test_row_column_scales_on_every_sm90_row(row, monkeypatch):
         for pair in pairs:
             check_forced(fails, monkeypatch, row, split, shape, tb, out_dtype, forms,
                          (None, None, None), pair=pair)
+    for pair in pairs:
+        for epi in ((None, None, None), ("bias", "gelu_tanh", None)):
+            check_forced(fails, monkeypatch, row, 1, (1500, 2600, 384), False, BF16,
+                         ("row", "column"), epi, pair=pair)
     assert not fails, "\n".join(fails)
 
 
