@@ -341,8 +341,7 @@ def test_every_fp8_row(row, monkeypatch):
     slices: block and per-tensor scales, M not a multiple of 4 (the staged rows' padded scale
     rows), both b layouts, e4m3 / e5m2 pairs, bfloat16 and float32 out, N of one to nine
     column tiles, two tile rows with K split in two, and more tiles than SMs (blocks walk
-    several items: g3's next item's first piece issued in the epilogue, with 5, 2 and 1 k tiles
-    per item); against float64."""
+    several items, of 5, 2 and 1 k tiles); against float64."""
     from jax_tcgemm import scaled
     fails = []
     for (m, n, k), tb, split, pair, out_dtype in (((130, 300, 1024), False, 1, PAIRS[0], F32),
@@ -440,8 +439,8 @@ def test_row_column_scales_on_every_sm90_row(row, monkeypatch):
     with 8-bit kernels, forced with 1 and 2 K slices: int8 and fp8 pairs, N odd (column scales
     one by one) and a multiple of 8 that is no tile multiple, M past the last whole tile, a batch
     folded into M, bfloat16 / float16 / float32 out; then more tiles than SMs (blocks walk
-    several items; g3 issues the next item's first piece in the epilogue), with the scales alone
-    and with bias + gelu_tanh (the full epilogue); against float64."""
+    several items), with the scales alone and with bias + gelu_tanh (the full epilogue); against
+    float64."""
     c = next(c for c in configs.CONFIGS if c.name == row)
     pairs = ([(I8, I8)] if c.int8 else []) + ([PAIRS[0], PAIRS[2]] if c.fp8 else [])
     fails = []

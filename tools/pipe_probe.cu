@@ -36,8 +36,10 @@ using namespace tcgemm;
 // (per piece: issue, completion, the last add's issue)
 constexpr int kStage = 40960, kStages = 4, kTrace = 256, kStamps = 3;
 
-// the stages' shared memory (1024-aligned) filled with finite e4m3 values; its address
-__device__ uint32_t fill_stages() {
+template <bool TRACE, bool LONG>
+__global__ void __launch_bounds__(384, 1)
+    probe(int mode, int iters, int wgs, int stagger, int tile, float* out, long long* cyc,
+          long long* trace) {
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -49,14 +51,6 @@ __device__ uint32_t fill_stages() {
     reinterpret_cast<uint32_t*>(gbase)[i] = x & 0xBFBFBFBFu;  // e4m3 exponents <= 7: finite
   }
   __syncthreads();
-  return base;
-}
-
-template <bool TRACE, bool LONG>
-__global__ void __launch_bounds__(384, 1)
-    probe(int mode, int iters, int wgs, int stagger, int tile, float* out, long long* cyc,
-          long long* trace) {
-  const uint32_t base = fill_stages();
   // warp-uniform through a shuffle, as in the kernel: descriptors in uniform registers
   const int wg = __shfl_sync(~0u, int(threadIdx.x / 128), 0);
   if (wg >= wgs) return;
@@ -106,14 +100,9 @@ __global__ void __launch_bounds__(384, 1)
     const uint64_t da = smem_desc(st + wg * 8192, 16, 1024), db = smem_desc(st + 24576, 16, 1024);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * j, db + 2 * j,
+    for (int j = 0; j < (LONG ? 8 : 4); ++j)  // (LONG: the stage's 4 k steps twice)
+      ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * (j % 4), db + 2 * (j % 4),
                                               mode == 0 ? 1 : int(j > 0));
-    if constexpr (LONG) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        ptx::wgmma_m64n128k32_fp8<false, false>(part, da + 2 * j, db + 2 * j, 1);
-    }
     ptx::wgmma_commit_group();
     if (ring) ptx::named_barrier_arrive(ring_next, 256);
     if (!TRACE && mode == 0) {
